@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { sql } from 'drizzle-orm';
 import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
 import * as schema from './schema.js';
+import type { PGlite as PGliteClient } from '@electric-sql/pglite';
 
 export type Schema = typeof schema;
 export type Db = PgDatabase<PgQueryResultHKT, Schema>;
@@ -33,26 +34,40 @@ export interface OpenStoreOptions {
   /** Directory for PGlite's files; `memory://` keeps the database in memory (tests). */
   dataDir: string;
   poolSize?: number;
+  /**
+   * PGlite only: run it in a worker thread (the default) so its synchronous
+   * WebAssembly work never blocks the event loop; false runs it in-process.
+   */
+  pgliteThread?: boolean;
 }
 
 export async function openStore(opts: OpenStoreOptions): Promise<Store> {
   if (opts.databaseUrl) return openPostgres(opts.databaseUrl, opts.poolSize ?? 10);
-  return openPglite(opts.dataDir);
+  return openPglite(opts.dataDir, opts.pgliteThread ?? true);
 }
 
-async function openPglite(dataDir: string): Promise<Store> {
-  const { PGlite } = await import('@electric-sql/pglite');
+async function openPglite(dataDir: string, thread: boolean): Promise<Store> {
   const { drizzle } = await import('drizzle-orm/pglite');
   const { migrate } = await import('drizzle-orm/pglite/migrator');
-  let client;
-  if (dataDir === 'memory://') {
-    client = new PGlite();
-  } else {
-    const dir = join(dataDir, 'pgdata');
+  let dir = 'memory://';
+  if (dataDir !== 'memory://') {
+    dir = join(dataDir, 'pgdata');
     mkdirSync(dir, { recursive: true });
-    client = new PGlite(dir);
   }
-  const db = drizzle(client, { schema });
+  let client: { close(): Promise<void> };
+  let db;
+  if (thread) {
+    const { PgliteThreadClient } = await import('./pglite-thread.js');
+    const c = await PgliteThreadClient.open(dir);
+    client = c;
+    // The thread client has the two methods drizzle's PGlite session calls.
+    db = drizzle({ client: c as unknown as PGliteClient, schema });
+  } else {
+    const { PGlite } = await import('@electric-sql/pglite');
+    const c = dir === 'memory://' ? new PGlite() : new PGlite(dir);
+    client = c;
+    db = drizzle({ client: c, schema });
+  }
   await migrate(db, { migrationsFolder });
   return {
     db: db as unknown as Db,
@@ -62,16 +77,42 @@ async function openPglite(dataDir: string): Promise<Store> {
   };
 }
 
+/**
+ * Bounds on waiting for PostgreSQL. Without them a network partition (the
+ * server neither answers nor refuses) holds every query, and so every request
+ * needing one, /readyz and the webhook dispatcher, until TCP gives up many
+ * minutes later; with them a query fails after `query_timeout`, and the
+ * callers' fallbacks apply (cached keys served stale, unseen keys 503
+ * `unavailable`, usage kept buffered, /readyz 503). Either can be set in
+ * DATABASE_URL (`?connectionTimeoutMillis=…&query_timeout=…`, node-postgres
+ * names). Migrations run on their own connection without the query timeout.
+ */
+export const PG_CONNECT_TIMEOUT_MS = 5000;
+export const PG_QUERY_TIMEOUT_MS = 10_000;
+
+function positive(raw: string | null, def: number): number {
+  const n = raw === null ? NaN : Number(raw);
+  return Number.isFinite(n) && n > 0 ? n : def;
+}
+
 async function openPostgres(url: string, max: number): Promise<Store> {
   const pg = await import('pg');
   const { drizzle } = await import('drizzle-orm/node-postgres');
   const { migrate } = await import('drizzle-orm/node-postgres/migrator');
-  const pool = new pg.default.Pool({ connectionString: url, max });
-  // An idle client's error (server restart) must not crash the process; the pool
-  // discards the client and the next query reconnects.
-  pool.on('error', () => undefined);
-  const db = drizzle(pool, { schema });
-  const conn = await pool.connect();
+  const params = new URL(url).searchParams;
+  const connectionTimeoutMillis = positive(
+    params.get('connectionTimeoutMillis'),
+    PG_CONNECT_TIMEOUT_MS,
+  );
+  const queryTimeout = positive(params.get('query_timeout'), PG_QUERY_TIMEOUT_MS);
+  // Migrations may legitimately run long: their connection has no query timeout.
+  const migrationUrl = new URL(url);
+  migrationUrl.searchParams.delete('query_timeout');
+  const conn = new pg.default.Client({
+    connectionString: migrationUrl.toString(),
+    connectionTimeoutMillis,
+  });
+  await conn.connect();
   try {
     await conn.query('select pg_advisory_lock($1)', [MIGRATION_LOCK_ID]);
     try {
@@ -80,8 +121,19 @@ async function openPostgres(url: string, max: number): Promise<Store> {
       await conn.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK_ID]);
     }
   } finally {
-    conn.release();
+    await conn.end();
   }
+  const pool = new pg.default.Pool({
+    connectionString: url,
+    max,
+    connectionTimeoutMillis,
+    query_timeout: queryTimeout,
+    keepAlive: true,
+  });
+  // An idle client's error (server restart) must not crash the process; the pool
+  // discards the client and the next query reconnects.
+  pool.on('error', () => undefined);
+  const db = drizzle(pool, { schema });
   return {
     db: db as unknown as Db,
     driver: 'postgres',
@@ -105,6 +157,30 @@ async function ping(db: Db): Promise<boolean> {
     return false;
   }
 }
+
+/**
+ * True when a query failed because the database could not be reached or went
+ * away mid-query (refused, reset, timed out, shutting down), not because of
+ * the query: the caller should answer 503 `unavailable` and let the client retry.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  for (let e: unknown = err, i = 0; e && i < 4; i++) {
+    if (typeof e === 'object') {
+      const { code, message } = e as { code?: unknown; message?: unknown };
+      if (typeof code === 'string' && UNAVAILABLE_CODES.test(code)) return true;
+      if (typeof message === 'string' && UNAVAILABLE_MESSAGES.test(message)) return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** Socket errors, and SQLSTATE classes 08 (connection exception) and 57P (operator intervention). */
+const UNAVAILABLE_CODES =
+  /^(ECONNREFUSED|ECONNRESET|ETIMEDOUT|EPIPE|EHOSTUNREACH|ENETUNREACH|ENOTFOUND|EAI_AGAIN|08\w{3}|57P0[1-3])$/;
+/** node-postgres reports these without a code. */
+const UNAVAILABLE_MESSAGES =
+  /^(Connection terminated|Query read timeout|timeout exceeded when trying to connect|Client has encountered a connection error|Client was closed and is not queryable)/;
 
 /** True when a query failed on a unique constraint (PostgreSQL and PGlite alike). */
 export function isUniqueViolation(err: unknown): boolean {

@@ -163,8 +163,9 @@ describe('webhook delivery schedule', () => {
     const d2 = new Dispatcher(s.services.store.db, s.clock, hanging, s.services.logger);
     const id = await emit();
     const running = d2.tick();
-    for (let i = 0; i < 100 && s.clock.pendingTimers === 0; i++)
-      await new Promise((r) => setImmediate(r));
+    // The claim is a database round trip (PGlite answers from its own thread).
+    for (const until = Date.now() + 10_000; s.clock.pendingTimers === 0 && Date.now() < until;)
+      await new Promise((r) => setTimeout(r, 1));
     s.clock.advance(30_000);
     assert.equal(await running, 1);
     const d = await delivery(id);
