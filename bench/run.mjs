@@ -16,8 +16,20 @@
  *   --quick     short phases (a smoke test of the harness, figures not meaningful)
  *   --profile   instead of the phases: run the router under `node --cpu-prof`,
  *               drive it with wrk, and summarise its self/total time by function
+ *   --no-peer   skip the peer gateway (Portkey's OSS gateway, installed on demand
+ *               into bench/peer/ from its lock file; see lib/peer.mjs), which
+ *               otherwise runs every phase too, pinned to CPU 0 like the router
+ *   --profile-rate=N
+ *               with --profile: drive the router with the open-loop client at N
+ *               req/s instead of wrk (where the time goes below saturation)
  *   --nice=N    start every child with `nice -n N` (e.g. --nice=-10, as root) so other
  *               work on a shared machine does not take the pinned CPUs
+ *   --storage=pglite|postgres
+ *               the router's database: the embedded PGlite (default, inside the
+ *               router's process, so on its core) or PostgreSQL (a throwaway
+ *               database created on the server at BENCH_DATABASE_URL, default
+ *               postgres://postgres@127.0.0.1:5432/postgres, and dropped after; when
+ *               the server is local its processes are pinned to CPU 1 for the run)
  *
  * Every child process is killed on exit, on error and on SIGINT. Only 127.0.0.1.
  */
@@ -55,6 +67,8 @@ import { markdownReport } from './lib/report.mjs';
 import { MODEL, register } from './lib/setup.mjs';
 import { diff } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
+import { createDatabase } from './lib/postgres.mjs';
+import { ensurePeer, freePort, PEER_NAME, peerHeaders } from './lib/peer.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const BIN = join(ROOT, 'bin', 'switchyard.js');
@@ -67,10 +81,19 @@ const { values: opts } = parseArgs({
     quick: { type: 'boolean', default: false },
     profile: { type: 'boolean', default: false },
     nice: { type: 'string', default: '0' },
+    storage: { type: 'string', default: 'pglite' },
+    'profile-rate': { type: 'string' },
+    peer: { type: 'boolean', default: true },
   },
   strict: true,
 });
 const NICE = Number(opts.nice);
+if (opts.storage !== 'pglite' && opts.storage !== 'postgres') {
+  process.stderr.write('bench: --storage takes pglite or postgres\n');
+  process.exit(2);
+}
+const ADMIN_DATABASE_URL =
+  process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 
 const P = opts.quick
   ? {
@@ -163,7 +186,7 @@ async function startSim() {
   return { ...s, url: s.match[1] };
 }
 
-async function startRouter(dataDir, token, nodeArgs = []) {
+async function startRouter(dataDir, token, nodeArgs = [], databaseUrl = null) {
   const env = {
     ...process.env,
     NODE_ENV: 'production',
@@ -178,6 +201,7 @@ async function startRouter(dataDir, token, nodeArgs = []) {
   // The benchmark measures the single-instance setup (PGlite, in-memory state).
   delete env.DATABASE_URL;
   delete env.REDIS_URL;
+  if (databaseUrl) env.DATABASE_URL = databaseUrl;
   const s = await startService({
     name: 'router',
     cpu: ROUTER_CPU,
@@ -188,6 +212,21 @@ async function startRouter(dataDir, token, nodeArgs = []) {
     timeoutMs: 60_000,
   });
   return { ...s, url: s.match[1] };
+}
+
+async function startPeer() {
+  const entry = ensurePeer(log);
+  const port = await freePort();
+  const s = await startService({
+    name: 'peer gateway',
+    cpu: ROUTER_CPU,
+    cmd: process.execPath,
+    args: [entry, `--port=${port}`, '--headless'],
+    env: { ...process.env, NODE_ENV: 'production' },
+    ready: /Ready for connections/,
+    timeoutMs: 60_000,
+  });
+  return { ...s, url: `http://127.0.0.1:${port}` };
 }
 
 /** One request each way before measuring: fail loudly rather than benchmark errors. */
@@ -255,6 +294,7 @@ const pct = (v) => `${Math.round(v * 100)}%`;
 /** Lets the serving processes finish the previous phase's backlog first. */
 async function settle(env) {
   await waitIdle(env.router.pid, ROUTER_CPU);
+  if (env.peer) await waitIdle(env.peer.pid, ROUTER_CPU);
   await waitIdle(env.sim.pid, LOAD_CPU);
 }
 
@@ -364,25 +404,43 @@ function targets(results) {
       status: results.rss.router.rssMiB * 1.048576 < 100 ? 'met' : 'not met',
     },
   );
+  const peer = results.throughput.peer;
+  if (peer) {
+    const ratio = peer.requestsPerSec > 0 ? t.requestsPerSec / peer.requestsPerSec : null;
+    list.push({
+      name: "Max req/s on one core >= 6x the peer gateway's",
+      source: 'issue 8',
+      measured: `${t.requestsPerSec} vs ${peer.requestsPerSec} req/s = ${ratio === null ? 'n/a' : ratio.toFixed(1)}x`,
+      status: ratio !== null && ratio >= 6 ? 'met' : 'not met',
+    });
+  }
   return list;
 }
 
 async function setup(nodeArgs = []) {
   const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-bench-'));
+  const database = opts.storage === 'postgres' ? await createDatabase(ADMIN_DATABASE_URL) : null;
   try {
-    return await start(dataDir, nodeArgs);
+    return { ...(await start(dataDir, nodeArgs, database?.url ?? null)), database };
   } catch (err) {
     await stopAll();
     rmSync(dataDir, { recursive: true, force: true });
+    await database?.drop();
     throw err;
   }
 }
 
-async function start(dataDir, nodeArgs) {
+async function teardown(env) {
+  await stopAll();
+  rmSync(env.dataDir, { recursive: true, force: true });
+  await env.database?.drop();
+}
+
+async function start(dataDir, nodeArgs, databaseUrl) {
   const token = randomBytes(24).toString('base64url');
   log('starting the sim worker (CPU 1) and the router (CPU 0)');
   const sim = await startSim();
-  const router = await startRouter(dataDir, token, nodeArgs);
+  const router = await startRouter(dataDir, token, nodeArgs, databaseUrl);
   const reg = await register({ routerUrl: router.url, token, workerUrl: sim.url });
   const direct = {
     name: 'direct',
@@ -402,7 +460,21 @@ async function start(dataDir, nodeArgs) {
   };
   await sanityCheck(direct);
   await sanityCheck(routed);
-  return { dataDir, sim, router, direct, routed };
+  let peer = null;
+  let peered = null;
+  if (opts.peer && !opts.profile) {
+    peer = await startPeer();
+    peered = {
+      name: 'peer',
+      process: 'peer',
+      pid: peer.pid,
+      cpu: ROUTER_CPU,
+      url: `${peer.url}/v1/chat/completions`,
+      headers: peerHeaders(sim.url),
+    };
+    await sanityCheck(peered);
+  }
+  return { dataDir, sim, router, peer, direct, routed, peered };
 }
 
 function stamp() {
@@ -437,7 +509,11 @@ async function benchmark(host) {
           durationS: P.rateS,
         },
         ttfb: { requests: P.ttfbRequests, warmup: P.ttfbWarmup },
-        storage: 'PGlite (temp data dir)',
+        peer: env.peered ? PEER_NAME : null,
+        storage:
+          opts.storage === 'postgres'
+            ? `PostgreSQL (throwaway database; server processes ${env.database.pinned ? `pinned to CPU ${LOAD_CPU}` : 'not pinned'})`
+            : 'PGlite (temp data dir, inside the router process)',
       },
     };
 
@@ -445,6 +521,7 @@ async function benchmark(host) {
       direct: await throughput(env.direct),
       router: await settle(env).then(() => throughput(env.routed)),
     };
+    if (env.peered) results.throughput.peer = await settle(env).then(() => throughput(env.peered));
 
     results.fixedRate = [];
     for (const rate of P.rates) {
@@ -455,7 +532,15 @@ async function benchmark(host) {
       const added = {};
       for (const p of ['p50', 'p90', 'p99', 'max'])
         added[p] = diff(router.latencyMs[p], direct.latencyMs[p]);
-      results.fixedRate.push({ rate, direct, router, added });
+      const entry = { rate, direct, router, added };
+      if (env.peered) {
+        await settle(env);
+        entry.peer = await fixedRate(env.peered, rate);
+        entry.peerAdded = {};
+        for (const p of ['p50', 'p90', 'p99', 'max'])
+          entry.peerAdded[p] = diff(entry.peer.latencyMs[p], direct.latencyMs[p]);
+      }
+      results.fixedRate.push(entry);
     }
 
     await settle(env);
@@ -471,8 +556,18 @@ async function benchmark(host) {
       },
       addedTotalP50: diff(tr.totalMs.p50, td.totalMs.p50),
     };
+    if (env.peered) {
+      await settle(env);
+      const tp = await ttfb(env.peered);
+      results.ttfb.peer = tp;
+      results.ttfb.peerAdded = {
+        p50: diff(tp.firstByteMs.p50, td.firstByteMs.p50),
+        p99: diff(tp.firstByteMs.p99, td.firstByteMs.p99),
+      };
+    }
 
     results.rss = { router: memoryOf(env.router.pid), sim: memoryOf(env.sim.pid) };
+    if (env.peer) results.rss.peer = memoryOf(env.peer.pid);
     results.loadAverageAtEnd = os.loadavg().map((v) => Math.round(v * 100) / 100);
     results.targets = targets(results);
     results.elapsedS = Math.round((Date.now() - started) / 1000);
@@ -483,8 +578,7 @@ async function benchmark(host) {
     process.stdout.write('\n' + markdownReport(results) + '\n\n');
     log(`results written to ${file} (${results.elapsedS} s)`);
   } finally {
-    await stopAll();
-    rmSync(env.dataDir, { recursive: true, force: true });
+    await teardown(env);
   }
 }
 
@@ -502,7 +596,23 @@ async function profile() {
     };
     await runWrk({ ...args, durationS: P.wrkWarmupS });
     const fromUs = Number(process.hrtime.bigint() / 1000n);
-    const r = await runWrk({ ...args, durationS: PROFILE_LOAD_S });
+    const rate = opts['profile-rate'] ? Number(opts['profile-rate']) : null;
+    const r = rate
+      ? await nodeClient(
+          'open-loop.mjs',
+          {
+            url: env.routed.url,
+            headers: env.routed.headers,
+            body: BODY,
+            rate,
+            durationS: PROFILE_LOAD_S,
+            warmupS: 0,
+            connections: OPEN_LOOP_CONNECTIONS,
+            drainTimeoutS: 10,
+          },
+          PROFILE_LOAD_S + 30,
+        ).then((x) => ({ ...x, requestsPerSec: Math.round(x.completed / PROFILE_LOAD_S) }))
+      : await runWrk({ ...args, durationS: PROFILE_LOAD_S });
     const toUs = Number(process.hrtime.bigint() / 1000n);
     log(`  ${r.requestsPerSec} req/s under the profiler`);
     // SIGTERM: the router exits through process.exit, which writes the profile.
@@ -525,8 +635,7 @@ async function profile() {
     process.stdout.write('\n' + formatProfile(summary) + '\n\n');
     log(`profile written to ${base}.cpuprofile (open it in Chrome DevTools) and ${base}.json`);
   } finally {
-    await stopAll();
-    rmSync(env.dataDir, { recursive: true, force: true });
+    await teardown(env);
     rmSync(dir, { recursive: true, force: true });
   }
 }

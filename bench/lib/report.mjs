@@ -63,6 +63,7 @@ export function markdownReport(r) {
   out.push(
     `| RSS after the run (peak) | sim ${f(r.rss.sim.rssMiB, 1)} MiB (${f(r.rss.sim.peakRssMiB, 1)}) | router ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
   );
+  if (r.throughput.peer) peerTable(r, out);
   out.push('');
   out.push('| Target | Source | Measured | Status |');
   out.push('| --- | --- | --- | --- |');
@@ -80,4 +81,45 @@ export function markdownReport(r) {
     `Open-loop client send lag behind schedule (direct runs; included in both latencies): ${lag.join('; ')}.`,
   );
   return out.join('\n');
+}
+
+/** Switchyard and the peer gateway side by side (both pinned to CPU 0, same sim). */
+function peerTable(r, out) {
+  const ratio = (a, b) => (a && b ? `${(a / b).toFixed(1)}x` : 'n/a');
+  const t = r.throughput;
+  out.push('');
+  out.push(
+    `Peer gateway: ${r.config.peer}, same sim worker, same pinning (CPU ${r.config.routerCpu}).`,
+  );
+  out.push('');
+  out.push('| Measure | Switchyard | Peer | Switchyard vs peer |');
+  out.push('| --- | ---: | ---: | ---: |');
+  out.push(
+    `| Max throughput, non-streaming (wrk) | ${int(t.router.requestsPerSec)} req/s | ${int(t.peer.requestsPerSec)} req/s (non-2xx ${t.peer.non2xx}) | ${ratio(t.router.requestsPerSec, t.peer.requestsPerSec)} |`,
+  );
+  out.push(
+    `| CPU per request at max throughput | ${int(t.router.cpu.cpuUsPerRequest)} µs | ${int(t.peer.cpu.cpuUsPerRequest)} µs | ${ratio(t.peer.cpu.cpuUsPerRequest, t.router.cpu.cpuUsPerRequest)} less |`,
+  );
+  for (const fr of r.fixedRate) {
+    if (!fr.peer) continue;
+    for (const p of ['p50', 'p99']) {
+      out.push(
+        `| ${int(fr.rate)} req/s: added ${p} latency (ms) | ${signed(fr.added[p])} | ${signed(fr.peerAdded[p])} | |`,
+      );
+    }
+    out.push(
+      `| ${int(fr.rate)} req/s: completed / errors / incomplete | ${fr.router.completed} / ${fr.router.errors} / ${fr.router.incomplete} | ${fr.peer.completed} / ${fr.peer.errors} / ${fr.peer.incomplete} | |`,
+    );
+  }
+  const s = r.ttfb;
+  if (s.peer) {
+    out.push(
+      `| Stream TTFB added p50 / p99 (ms) | ${signed(s.added.p50)} / ${signed(s.added.p99)} | ${signed(s.peerAdded.p50)} / ${signed(s.peerAdded.p99)} | |`,
+    );
+  }
+  if (r.rss.peer) {
+    out.push(
+      `| RSS after the run (peak) | ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | ${f(r.rss.peer.rssMiB, 1)} MiB (${f(r.rss.peer.peakRssMiB, 1)}) | |`,
+    );
+  }
 }

@@ -10,8 +10,15 @@ export interface UpstreamResponse {
   body: Dispatcher.ResponseData['body'];
 }
 
+const REQUEST_HEADERS = {
+  'content-type': 'application/json',
+  accept: 'application/json, text/event-stream',
+} as const;
+
 export class UpstreamClient {
   private readonly pools = new Map<string, Pool>();
+  /** Base URL -> (origin, path prefix), parsed once per worker, not per request. */
+  private readonly targets = new Map<string, { origin: string; prefix: string }>();
 
   constructor(private readonly opts: { connections?: number } = {}) {}
 
@@ -38,14 +45,17 @@ export class UpstreamClient {
     body: string,
     signal: AbortSignal,
   ): Promise<UpstreamResponse> {
-    const u = new URL(workerBaseUrl);
-    return this.pool(u.origin).request({
+    let t = this.targets.get(workerBaseUrl);
+    if (!t) {
+      const u = new URL(workerBaseUrl);
+      t = { origin: u.origin, prefix: u.pathname.replace(/\/$/, '') };
+      if (this.targets.size > 10_000) this.targets.clear();
+      this.targets.set(workerBaseUrl, t);
+    }
+    return this.pool(t.origin).request({
       method: 'POST',
-      path: u.pathname.replace(/\/$/, '') + path,
-      headers: {
-        'content-type': 'application/json',
-        accept: 'application/json, text/event-stream',
-      },
+      path: t.prefix + path,
+      headers: REQUEST_HEADERS,
       body,
       signal,
     });
