@@ -22,9 +22,10 @@ export async function main(argv: string[]): Promise<number> {
       const { worker } = await import('./worker.js');
       return worker(rest);
     }
-    case 'agent':
-      process.stderr.write('switchyard agent: not yet available (execution surface, issue #6)\n');
-      return 2;
+    case 'agent': {
+      const { agent } = await import('./agent.js');
+      return agent(rest);
+    }
     case 'admin': {
       const { admin } = await import('./admin.js');
       return admin(rest);

@@ -17,8 +17,6 @@ import { createLogger } from '../runtime/logger.js';
 import { createServices, type Services } from '../runtime/services.js';
 import { readFileSync, unwatchFile, watchFile } from 'node:fs';
 import { join } from 'node:path';
-import { buildDemoModel, DEMO_MODEL_FILE, startLlamaWorker } from '../workers/llama/index.js';
-import { startSimWorker } from '../workers/sim/server.js';
 
 const EMBEDDED_WORKER_ID = 'embedded-demo';
 
@@ -27,9 +25,9 @@ export type Role = (typeof ROLES)[number];
 
 /**
  * Roles let operators scale each part on its own: `api` serves HTTP (inference,
- * management, operator APIs), `dispatcher` delivers webhooks. `broker` (the
- * execution surface) and `dashboard` are accepted for forward compatibility and
- * do nothing yet. Default: all.
+ * management, operator APIs), `dispatcher` delivers webhooks, `broker` runs the
+ * exec broker (ZeroMQ/CURVE sockets execution agents connect to). `dashboard`
+ * is accepted for forward compatibility and does nothing yet. Default: all.
  */
 function parseRoles(raw: string | undefined): Set<Role> {
   if (!raw) return new Set(ROLES);
@@ -93,6 +91,40 @@ export async function serve(argv: string[]): Promise<number> {
   const app = await buildApp(services, { ...(tls ? { tls } : {}), routes: roles.has('api') });
   if (tls) closers.push(watchTls(config, app, logger));
   if (roles.has('dispatcher')) services.dispatcher.start();
+
+  // ---- exec broker (role `broker`): the execution surface's ZeroMQ transport ----
+  // The control plane (services.exec, the AgentDirectory) reaches agents through it.
+  // A broker that cannot bind (another instance on this host holds the ports) leaves
+  // the router serving without it, loudly: agents connect to the instance that has it.
+  let execBanner: string | undefined;
+  if (roles.has('broker')) {
+    const { startBroker } = await import('../exec/broker/index.js');
+    try {
+      const broker = await startBroker({
+        config,
+        directory: services.exec,
+        clock: services.clock,
+        logger,
+      });
+      services.exec.setTransport(broker);
+      closers.push(async () => {
+        services.exec.setTransport(null);
+        await broker.close();
+      });
+      execBanner =
+        `Exec broker: enroll ${broker.endpoints.enroll}   agents ${broker.endpoints.agents}\n` +
+        `Exec broker server key: ${broker.serverPublicKey}`;
+    } catch (err) {
+      logger.error({ err }, 'exec broker failed to start; execution agents cannot connect here');
+      execBanner = 'Exec broker: not running (see the log)';
+    }
+  }
+  // ---- end exec broker ----
+  // The exec scheduler (approval escalation and expiry, agent lease expiry, the
+  // invocation timeout backstop). Every transition is a conditional update in
+  // one transaction, so several instances ticking at once emit each event once.
+  if (roles.has('api') || roles.has('broker')) services.exec.start();
+
   await app.listen({ port: config.port, host: config.host });
   let baseUrl = config.baseUrl;
   const addr = app.server.address();
@@ -102,6 +134,7 @@ export async function serve(argv: string[]): Promise<number> {
     baseUrl = `${tls ? 'https' : 'http'}://${host.includes(':') ? `[${host}]` : host}:${addr.port}`;
   }
   printBanner(baseUrl, config, services, demo, roles);
+  if (execBanner) process.stdout.write(execBanner + '\n');
 
   let stopping = false;
   const stop = async (signal: string) => {
@@ -180,8 +213,12 @@ async function startDemoWorker(
   modelName: string,
   logger: ReturnType<typeof createLogger>,
 ): Promise<{ url: string; close(): Promise<void> }> {
+  // Loaded only when a demo worker runs: node-llama-cpp alone adds about 40 MiB
+  // of RSS to a router that proxies to registered workers.
   if (config.demoEngine === 'llama') {
     try {
+      const { buildDemoModel, DEMO_MODEL_FILE, startLlamaWorker } =
+        await import('../workers/llama/index.js');
       const { path } = await buildDemoModel(join(config.dataDir, 'models', DEMO_MODEL_FILE));
       return await startLlamaWorker({
         host: '127.0.0.1',
@@ -194,6 +231,7 @@ async function startDemoWorker(
       logger.warn({ err }, 'llama.cpp demo worker failed to start; using the simulator instead');
     }
   }
+  const { startSimWorker } = await import('../workers/sim/server.js');
   return startSimWorker({
     host: '127.0.0.1',
     port: 0,

@@ -46,6 +46,26 @@ export interface Config {
   webhookRetryDelaysMs: number[] | undefined;
   webhookAttemptTimeoutMs: number | undefined;
   webhookLeaseMs: number | undefined;
+  /** Interface the exec broker's ZeroMQ sockets bind (role `broker`). */
+  execBind: string;
+  /** Port of the agent enrollment socket (0: any free port; the default when PORT=0). */
+  execEnrollPort: number;
+  /** Port of the agent session socket (0: any free port; the default when PORT=0). */
+  execAgentPort: number;
+  /** Host agents are told to dial; defaults to the bind address (127.0.0.1 for a wildcard). */
+  execPublicHost: string | undefined;
+  /** The broker's CURVE secret key (Z85); else `exec-broker.key` in the data directory. */
+  execSecretKey: string | undefined;
+  /** Exec: how long an agent's enrollment or renewal keeps it online (ms). */
+  execLeaseMs: number;
+  /** Exec: non-terminal invocations per project before 503 `unavailable`. */
+  execMaxPending: number;
+  /** Exec: wait past an invocation's timeout_ms for the agent's answer before `exec.timeout` (ms). */
+  execTimeoutGraceMs: number;
+  /** Exec: scheduler period (leases, approval deadlines, timeouts) (ms). */
+  execTickMs: number;
+  /** Exec: bytes of stdout and of stderr kept per invocation. */
+  execOutputMaxBytes: number;
 }
 
 export class ConfigError extends Error {}
@@ -126,5 +146,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookLeaseMs: env.SWITCHYARD_WEBHOOK_LEASE_MS
       ? int(env, 'SWITCHYARD_WEBHOOK_LEASE_MS', 45_000, 1)
       : undefined,
+    execBind: env.SWITCHYARD_EXEC_BIND || '127.0.0.1',
+    // PORT=0 (any free port, as tests and side-by-side instances use) extends to the broker.
+    execEnrollPort: int(env, 'SWITCHYARD_EXEC_ENROLL_PORT', port === 0 ? 0 : 7601, 0),
+    execAgentPort: int(env, 'SWITCHYARD_EXEC_AGENT_PORT', port === 0 ? 0 : 7602, 0),
+    execPublicHost: nonEmpty(env.SWITCHYARD_EXEC_PUBLIC_HOST),
+    execSecretKey: nonEmpty(env.SWITCHYARD_EXEC_SECRET_KEY),
+    execLeaseMs: int(env, 'SWITCHYARD_EXEC_LEASE_MS', 30_000, 1000),
+    execMaxPending: int(env, 'SWITCHYARD_EXEC_MAX_PENDING', 1000, 1),
+    execTimeoutGraceMs: int(env, 'SWITCHYARD_EXEC_TIMEOUT_GRACE_MS', 10_000, 0),
+    execTickMs: int(env, 'SWITCHYARD_EXEC_TICK_MS', 1000, 10),
+    execOutputMaxBytes: int(env, 'SWITCHYARD_EXEC_OUTPUT_MAX_BYTES', 65_536, 1024),
   };
 }

@@ -206,6 +206,17 @@ export const catalogue = {
     false,
     'The transition is not allowed from the current state.',
   ),
+  // Execution surface, Switchyard's own (management API and approval deciders).
+  join_key_not_found: e(404, 'invalid_request_error', false, 'No such join key.'),
+  agent_not_found: e(404, 'invalid_request_error', false, 'No such agent.'),
+  user_not_found: e(404, 'invalid_request_error', false, 'No such user.'),
+  invalid_user_token: e(401, 'authentication_error', false, 'The user token is invalid.'),
+  insufficient_role: e(
+    403,
+    'permission_error',
+    false,
+    "The user's project role does not allow this decision.",
+  ),
 
   internal_error: e(500, 'server_error', true, 'Internal server error.'),
 } as const satisfies Record<string, ErrorSpec>;

@@ -32,6 +32,12 @@ export class ServiceError extends Error {
       extra?: Record<string, unknown>;
       headers?: Record<string, string>;
       cause?: unknown;
+      /**
+       * Overrides the catalogue status where the spec gives a code two statuses
+       * (`exec_tool_not_found`: 404 on the catalog read route, 400 as an
+       * invocation target). Nothing else may use it.
+       */
+      status?: number;
     } = {},
   ) {
     const spec = catalogue[code];
@@ -41,7 +47,7 @@ export class ServiceError extends Error {
     );
     this.name = 'ServiceError';
     this.code = code;
-    this.status = spec.status;
+    this.status = opts.status ?? spec.status;
     this.type = spec.type;
     this.retryable = spec.retryable;
     this.param = opts.param ?? null;

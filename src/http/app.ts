@@ -8,6 +8,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import { inferenceRoutes } from '../inference/routes.js';
 import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
+import { execRoutes } from '../exec/routes.js';
 import { billingRoutes } from '../billing/routes.js';
 import { operatorRoutes } from '../operator/routes.js';
 import { projectRoutes } from '../projects/routes.js';
@@ -107,6 +108,7 @@ export async function buildApp(
   await app.register(keyRoutes(services));
   await app.register(webhookRoutes(services));
   await app.register(billingRoutes(services));
+  await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
   return app;
 }

@@ -5,6 +5,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
+import { isDatabaseUnavailable } from '../store/index.js';
 
 export function toServiceError(err: unknown): ServiceError {
   if (err instanceof ServiceError) return err;
@@ -34,6 +35,14 @@ export function toServiceError(err: unknown): ServiceError {
   if (fe.statusCode === 405) return new ServiceError('method_not_allowed');
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
     return new ServiceError('invalid_body', { message: fe.message ?? 'Bad request.' });
+  }
+  if (isDatabaseUnavailable(err)) {
+    // The database is down or partitioned: retryable, not a bug (docs/RELIABILITY.md).
+    return new ServiceError('unavailable', {
+      message: 'The database is temporarily unreachable; retry shortly.',
+      headers: { 'Retry-After': '1' },
+      cause: err,
+    });
   }
   return new ServiceError('internal_error', { cause: err });
 }

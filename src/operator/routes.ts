@@ -86,6 +86,8 @@ const patchEndpointBody = z
   })
   .strict();
 
+const failInvocationBody = z.object({ reason: z.string().max(2000).optional() }).strict();
+
 /** Endpoints default to their tier's request limit plus burst, or a high ceiling. */
 const UNLIMITED_RPM_DEFAULT = 100_000;
 const DEFAULT_TPM = 1_000_000;
@@ -274,6 +276,48 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         }
         await s.bus.publish('endpoint', e.id);
         return { id: e.id, object: 'endpoint', deleted: true };
+      },
+    );
+
+    // Execution surface: users, project members, the approval chain, maintenance.
+    app.post('/users', async (request, reply) =>
+      reply.code(201).send(await s.exec.users.create(request.body)),
+    );
+    app.get('/users', async () => s.exec.users.list());
+    app.post<{ Params: { project: string } }>(
+      '/projects/:project/members',
+      async (request, reply) => {
+        const p = await project(request.params.project);
+        return reply.code(201).send(await s.exec.users.setMember(p.id, request.body));
+      },
+    );
+    app.get<{ Params: { project: string } }>('/projects/:project/members', async (request) => {
+      const p = await project(request.params.project);
+      return s.exec.users.members(p.id);
+    });
+    app.get<{ Params: { project: string } }>(
+      '/projects/:project/approval_chain',
+      async (request) => {
+        const p = await project(request.params.project);
+        return { object: 'approval_chain', stages: await s.exec.approvals.chain(p.id) };
+      },
+    );
+    app.put<{ Params: { project: string } }>(
+      '/projects/:project/approval_chain',
+      async (request) => {
+        const p = await project(request.params.project);
+        return {
+          object: 'approval_chain',
+          stages: await s.exec.approvals.setChain(p.id, request.body),
+        };
+      },
+    );
+    app.post<{ Params: { project: string; id: string } }>(
+      '/projects/:project/invocations/:id/fail',
+      async (request) => {
+        const p = await project(request.params.project);
+        const body = parseBody(failInvocationBody, request.body ?? {});
+        return s.exec.invocations.forceFail(p.id, request.params.id, body.reason ?? '');
       },
     );
 

@@ -8,8 +8,12 @@ import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { toEndpointRecord } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { requireKey } from '../http/auth.js';
-import { modelEntry } from '../models/repository.js';
+import { CAPABILITIES, modelEntry } from '../models/repository.js';
 import type { Services } from '../runtime/services.js';
+
+function isCapability(v: string): boolean {
+  return (CAPABILITIES as readonly string[]).includes(v);
+}
 
 interface ProjectParams {
   projectId: string;
@@ -20,10 +24,25 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
     const inference = requireKey(s.verifier, 'inference');
     const anyScope = requireKey(s.verifier, null);
 
-    app.get<{ Params: ProjectParams }>(
+    // `?capability=tool_calling` keeps the models with that capability (the
+    // models an `x_exec` chat request can use).
+    app.get<{ Params: ProjectParams; Querystring: { capability?: string | string[] } }>(
       '/:projectId/v1/models',
       { preHandler: inference },
-      async () => ({ object: 'list', data: (await s.models.list()).map(modelEntry) }),
+      async (request) => {
+        const want = request.query.capability;
+        if (want !== undefined && (typeof want !== 'string' || !isCapability(want))) {
+          throw new ServiceError('invalid_value', {
+            message: `capability must be one of: ${CAPABILITIES.join(', ')}.`,
+            param: 'capability',
+          });
+        }
+        const models = await s.models.list();
+        return {
+          object: 'list',
+          data: models.filter((m) => !want || m.capabilities.includes(want)).map(modelEntry),
+        };
+      },
     );
 
     // Model names may contain `/` (e.g. `org/model`), hence the wildcard.

@@ -4,6 +4,8 @@
  * never construct dependencies themselves.
  */
 import { BudgetAlerts } from '../billing/budget-alerts.js';
+import type { AgentTransport } from '../exec/contracts.js';
+import { ExecService } from '../exec/service.js';
 import { BillingGate } from '../billing/gate.js';
 import { Limits } from '../http/limits.js';
 import { readFileSync } from 'node:fs';
@@ -64,6 +66,11 @@ export interface Services {
   dispatcher: Dispatcher;
   webhooks: WebhookService;
   budgetAlerts: BudgetAlerts;
+  /**
+   * The execution surface's control plane; also the broker's `AgentDirectory`.
+   * The broker plugs its transport in with `exec.setTransport(t)`.
+   */
+  exec: ExecService;
   metrics: Metrics;
   /** Cancellers of open inference streams (graceful drain ends them with `cancelled`). */
   openStreams: Set<() => void>;
@@ -86,6 +93,8 @@ export async function createServices(
     webhookSender?: Sender;
     /** Process metrics (CPU, memory, event loop); on for `switchyard serve`. */
     defaultMetrics?: boolean;
+    /** The exec broker's transport, when already running (else `exec.setTransport` later). */
+    execTransport?: AgentTransport;
   },
 ): Promise<Services> {
   const store =
@@ -172,6 +181,20 @@ export async function createServices(
     else if (m.kind === 'project') billing.invalidate(m.id);
     else pool.invalidate();
   });
+  const exec = new ExecService({
+    db: store.db,
+    clock: deps.clock,
+    logger: deps.logger,
+    settings: {
+      leaseMs: config.execLeaseMs,
+      maxPendingPerProject: config.execMaxPending,
+      timeoutGraceMs: config.execTimeoutGraceMs,
+      outputMaxBytes: config.execOutputMaxBytes,
+      tickMs: config.execTickMs,
+    },
+    poke: () => dispatcher.poke(),
+    transport: deps.execTransport ?? null,
+  });
   const { auth, generated } = await AdminAuth.init(store.db, {
     token: config.adminToken,
     dataDir: config.dataDir,
@@ -208,12 +231,14 @@ export async function createServices(
     dispatcher,
     webhooks,
     budgetAlerts,
+    exec,
     metrics,
     openStreams: new Set(),
     redis,
     bus,
     generatedAdminToken: generated,
     close: async () => {
+      await exec.stop();
       await dispatcher.stop();
       await usage.close();
       await upstream.close();

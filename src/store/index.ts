@@ -2,6 +2,7 @@ export {
   openStore,
   migrationsFolder,
   isUniqueViolation,
+  isDatabaseUnavailable,
   type Db,
   type Store,
   type OpenStoreOptions,

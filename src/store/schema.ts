@@ -345,3 +345,226 @@ export const budgetAlerts = pgTable(
   },
   (t) => [index('budget_alerts_project_idx').on(t.projectId)],
 );
+
+/*
+ * The execution surface (src/exec/). External ids are `<prefix>_<hex>`; the
+ * rows keep a UUID primary key like every other table. Secrets (join keys,
+ * user tokens) are stored only as SHA-256 hex.
+ */
+
+/** People who decide approvals (dashboard sign-in comes later). */
+export const users = pgTable(
+  'users',
+  {
+    id: uuid('id').primaryKey(),
+    /** `usr_<hex>` */
+    externalId: text('external_id').notNull(),
+    name: text('name').notNull(),
+    email: text('email').notNull(),
+    /** SHA-256 hex of the personal token `swyu_…` (shown once). */
+    tokenHash: text('token_hash').notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    uniqueIndex('users_external_id_key').on(t.externalId),
+    uniqueIndex('users_email_key').on(t.email),
+    uniqueIndex('users_token_hash_key').on(t.tokenHash),
+  ],
+);
+
+export const projectMembers = pgTable(
+  'project_members',
+  {
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    userId: uuid('user_id')
+      .notNull()
+      .references(() => users.id),
+    role: text('role').notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.projectId, t.userId] }),
+    check('project_members_role_check', sql`${t.role} in ('owner', 'admin', 'approver', 'viewer')`),
+  ],
+);
+
+export const workspaces = pgTable(
+  'workspaces',
+  {
+    id: uuid('id').primaryKey(),
+    /** `ws_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    name: text('name').notNull().default(''),
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    uniqueIndex('workspaces_external_id_key').on(t.externalId),
+    index('workspaces_project_idx').on(t.projectId, t.createdAt),
+  ],
+);
+
+export const joinKeys = pgTable(
+  'join_keys',
+  {
+    id: uuid('id').primaryKey(),
+    /** `jk_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    name: text('name').notNull().default(''),
+    /** SHA-256 hex of the secret `swyjk_…` (shown once). */
+    secretHash: text('secret_hash').notNull(),
+    /** Display prefix, e.g. `swyjk_Ab3d`. */
+    prefix: text('prefix').notNull(),
+    /** When set, the key enrolls only this registration_name (and may take it over). */
+    registrationName: text('registration_name'),
+    expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }),
+    maxUses: integer('max_uses'),
+    useCount: integer('use_count').notNull().default(0),
+    revokedAt: timestamp('revoked_at', { withTimezone: true, mode: 'date' }),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    uniqueIndex('join_keys_external_id_key').on(t.externalId),
+    uniqueIndex('join_keys_secret_hash_key').on(t.secretHash),
+    index('join_keys_project_idx').on(t.projectId, t.createdAt),
+  ],
+);
+
+export const agents = pgTable(
+  'agents',
+  {
+    id: uuid('id').primaryKey(),
+    /** `agt_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    registrationName: text('registration_name').notNull(),
+    /** Z85, 40 characters: the agent's identity on the broker. */
+    curvePublicKey: text('curve_public_key').notNull(),
+    /** `enrolled`, `offline` or `deleted`. */
+    status: text('status').notNull(),
+    manifest: jsonb('manifest').$type<Record<string, unknown>>().notNull(),
+    manifestHash: text('manifest_hash').notNull(),
+    description: text('description').notNull().default(''),
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
+    joinKeyId: uuid('join_key_id').references(() => joinKeys.id),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true, mode: 'date' }),
+    enrolledAt: timestamp('enrolled_at', { withTimezone: true, mode: 'date' }).notNull(),
+    lastSeenAt: timestamp('last_seen_at', { withTimezone: true, mode: 'date' }),
+    createdAt: createdAt(),
+    updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'date' }).notNull(),
+    deletedAt: timestamp('deleted_at', { withTimezone: true, mode: 'date' }),
+  },
+  (t) => [
+    uniqueIndex('agents_external_id_key').on(t.externalId),
+    uniqueIndex('agents_project_name_key')
+      .on(t.projectId, t.registrationName)
+      .where(sql`${t.deletedAt} is null`),
+    uniqueIndex('agents_curve_key_key')
+      .on(t.curvePublicKey)
+      .where(sql`${t.deletedAt} is null`),
+    index('agents_lease_idx')
+      .on(t.leaseExpiresAt)
+      .where(sql`${t.status} = 'enrolled'`),
+    check('agents_status_check', sql`${t.status} in ('enrolled', 'offline', 'deleted')`),
+  ],
+);
+
+export const invocations = pgTable(
+  'invocations',
+  {
+    id: uuid('id').primaryKey(),
+    /** `inv_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    workspaceId: uuid('workspace_id')
+      .notNull()
+      .references(() => workspaces.id),
+    tool: text('tool').notNull(),
+    risk: text('risk').notNull(),
+    /** The agent chosen at creation; the one dispatched to. */
+    agentId: uuid('agent_id').references(() => agents.id),
+    arguments: jsonb('arguments').notNull(),
+    status: text('status').notNull(),
+    idempotencyKey: text('idempotency_key'),
+    /** SHA-256 hex of the canonical JSON of the request body. */
+    requestHash: text('request_hash').notNull(),
+    timeoutMs: integer('timeout_ms').notNull(),
+    exitCode: integer('exit_code'),
+    durationMs: integer('duration_ms'),
+    stdout: text('stdout'),
+    stderr: text('stderr'),
+    outputTruncated: integer('output_truncated').notNull().default(0),
+    errorCode: text('error_code'),
+    errorMessage: text('error_message'),
+    createdAt: createdAt(),
+    queuedAt: timestamp('queued_at', { withTimezone: true, mode: 'date' }),
+    dispatchedAt: timestamp('dispatched_at', { withTimezone: true, mode: 'date' }),
+    startedAt: timestamp('started_at', { withTimezone: true, mode: 'date' }),
+    finishedAt: timestamp('finished_at', { withTimezone: true, mode: 'date' }),
+    updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'date' }).notNull(),
+  },
+  (t) => [
+    uniqueIndex('invocations_external_id_key').on(t.externalId),
+    uniqueIndex('invocations_idempotency_key')
+      .on(t.projectId, t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} is not null`),
+    index('invocations_project_created_idx').on(t.projectId, t.createdAt),
+    index('invocations_active_idx')
+      .on(t.status)
+      .where(sql`${t.status} in ('queued', 'dispatched', 'running')`),
+    check(
+      'invocations_status_check',
+      sql`${t.status} in ('pending_approval', 'queued', 'dispatched', 'running', 'completed', 'failed', 'cancelled')`,
+    ),
+  ],
+);
+
+export const approvals = pgTable(
+  'approvals',
+  {
+    id: uuid('id').primaryKey(),
+    /** `app_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    invocationId: uuid('invocation_id')
+      .notNull()
+      .references(() => invocations.id),
+    status: text('status').notNull(),
+    /** Zero-based index into `chain`. */
+    stage: integer('stage').notNull().default(0),
+    /** The project's escalation chain when the approval was requested. */
+    chain: jsonb('chain').$type<Array<{ target: string; timeout_ms: number }>>().notNull(),
+    stageDeadline: timestamp('stage_deadline', { withTimezone: true, mode: 'date' }).notNull(),
+    decidedBy: uuid('decided_by').references(() => users.id),
+    reason: text('reason'),
+    createdAt: createdAt(),
+    decidedAt: timestamp('decided_at', { withTimezone: true, mode: 'date' }),
+    updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'date' }).notNull(),
+  },
+  (t) => [
+    uniqueIndex('approvals_external_id_key').on(t.externalId),
+    uniqueIndex('approvals_invocation_key').on(t.invocationId),
+    index('approvals_project_created_idx').on(t.projectId, t.createdAt),
+    index('approvals_deadline_idx')
+      .on(t.stageDeadline)
+      .where(sql`${t.status} = 'pending'`),
+    check(
+      'approvals_status_check',
+      sql`${t.status} in ('pending', 'accepted', 'rejected', 'expired')`,
+    ),
+  ],
+);

@@ -1,0 +1,169 @@
+/**
+ * Runs one dispatched tool as a subprocess and reports its `DispatchOutcome`.
+ *
+ * - The arguments go to the tool as JSON on stdin and in `SWITCHYARD_TOOL_ARGS`
+ *   (left out when too big for the environment: stdin always has them).
+ * - The tool runs in a process group of its own, so a timeout or cancel
+ *   reaches its children too: SIGTERM to the group, then SIGKILL after the
+ *   grace period if it is still there.
+ * - stdout and stderr are each kept up to `maxOutputBytes`; the rest is
+ *   discarded and `truncated` set.
+ * Time here is real (the tool is a real process); the callers keep it short in tests.
+ */
+import { spawn } from 'node:child_process';
+import { constants } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import type { DispatchOutcome } from '../contracts.js';
+
+export interface ToolCommand {
+  /** argv; `command[0]` is looked up on PATH. */
+  command: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+export interface RunOptions {
+  invocationId: string;
+  toolName: string;
+  arguments: unknown;
+  timeoutMs: number;
+  /** SIGTERM → SIGKILL grace (ms). */
+  killGraceMs: number;
+  /** Bound of each of stdout and stderr (bytes). */
+  maxOutputBytes: number;
+  /** Environment the tool inherits (the agent strips its own secrets first). */
+  baseEnv: Record<string, string | undefined>;
+}
+
+export interface RunningTool {
+  readonly outcome: Promise<DispatchOutcome>;
+  /** Kills the tool (SIGTERM, then SIGKILL); the outcome becomes `cancelled`. */
+  cancel(): void;
+}
+
+/** Above this the arguments are passed on stdin only (Linux caps one env string at 128 KiB). */
+export const MAX_ENV_ARGS_BYTES = 100 * 1024;
+
+/** Time allowed for the pipes to drain after the tool exited (a grandchild may hold them). */
+const DRAIN_AFTER_EXIT_MS = 200;
+
+class BoundedBuffer {
+  private chunks: Buffer[] = [];
+  private size = 0;
+  truncated = false;
+  constructor(private readonly max: number) {}
+
+  push(chunk: Buffer): void {
+    const room = this.max - this.size;
+    if (room <= 0) {
+      if (chunk.length > 0) this.truncated = true;
+      return;
+    }
+    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
+    if (kept.length < chunk.length) this.truncated = true;
+    this.chunks.push(kept);
+    this.size += kept.length;
+  }
+
+  text(): string {
+    return Buffer.concat(this.chunks).toString('utf8');
+  }
+}
+
+export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
+  const startedAt = performance.now();
+  const elapsed = () => Math.max(0, Math.round(performance.now() - startedAt));
+  let stopReason: 'timeout' | 'cancelled' | undefined;
+  let exited = false;
+  let killTimer: NodeJS.Timeout | undefined;
+  let settle!: (o: DispatchOutcome) => void;
+  const outcome = new Promise<DispatchOutcome>((resolve) => (settle = resolve));
+  let settled = false;
+  const finish = (o: DispatchOutcome) => {
+    if (settled) return;
+    settled = true;
+    clearTimeout(timeoutTimer);
+    clearTimeout(killTimer);
+    settle(o);
+  };
+
+  const argsJson = JSON.stringify(opts.arguments ?? null);
+  const env: Record<string, string> = {};
+  for (const [k, val] of Object.entries(opts.baseEnv)) if (val !== undefined) env[k] = val;
+  Object.assign(env, tool.env ?? {});
+  env.SWITCHYARD_INVOCATION_ID = opts.invocationId;
+  env.SWITCHYARD_TOOL_NAME = opts.toolName;
+  if (Buffer.byteLength(argsJson) <= MAX_ENV_ARGS_BYTES) env.SWITCHYARD_TOOL_ARGS = argsJson;
+  else delete env.SWITCHYARD_TOOL_ARGS;
+
+  const [file, ...args] = tool.command;
+  const child = spawn(file!, args, {
+    cwd: tool.cwd,
+    env,
+    stdio: ['pipe', 'pipe', 'pipe'],
+    detached: true, // its own process group: signals reach the tool's children too
+  });
+  const stdout = new BoundedBuffer(opts.maxOutputBytes);
+  const stderr = new BoundedBuffer(opts.maxOutputBytes);
+  child.stdout.on('data', (d: Buffer) => stdout.push(d));
+  child.stderr.on('data', (d: Buffer) => stderr.push(d));
+  // A tool that never reads stdin closes it early: that is not an error.
+  child.stdin.on('error', () => undefined);
+  child.stdin.end(argsJson);
+
+  const signalGroup = (signal: NodeJS.Signals) => {
+    if (child.pid === undefined) return;
+    try {
+      process.kill(-child.pid, signal);
+    } catch {
+      // The group is gone already (ESRCH): nothing left to signal.
+    }
+  };
+  const stop = (reason: 'timeout' | 'cancelled') => {
+    if (stopReason || exited || settled) return;
+    stopReason = reason;
+    signalGroup('SIGTERM');
+    killTimer = setTimeout(() => signalGroup('SIGKILL'), opts.killGraceMs);
+  };
+  const timeoutTimer = setTimeout(() => stop('timeout'), opts.timeoutMs);
+
+  child.on('error', (err: NodeJS.ErrnoException) => {
+    finish({
+      kind: 'error',
+      errorCode: 'spawn_failed',
+      errorMessage: `cannot run ${file}: ${err.code ?? err.message}`,
+      durationMs: elapsed(),
+    });
+  });
+
+  child.on('exit', (code, signal) => {
+    exited = true;
+    clearTimeout(timeoutTimer);
+    const durationMs = elapsed();
+    const report = () => {
+      if (stopReason === 'timeout') return finish({ kind: 'timeout', elapsedMs: durationMs });
+      if (stopReason === 'cancelled') return finish({ kind: 'cancelled', durationMs });
+      const exitCode = code ?? 128 + (signal ? (constants.signals[signal] ?? 0) : 0);
+      finish({
+        kind: 'exited',
+        exitCode,
+        durationMs,
+        stdout: stdout.text(),
+        stderr: stderr.text(),
+        truncated: stdout.truncated || stderr.truncated,
+      });
+    };
+    // Collect what is still in the pipes, but do not wait for a grandchild that keeps them open.
+    const drain = setTimeout(() => {
+      child.stdout.destroy();
+      child.stderr.destroy();
+      report();
+    }, DRAIN_AFTER_EXIT_MS);
+    child.once('close', () => {
+      clearTimeout(drain);
+      report();
+    });
+  });
+
+  return { outcome, cancel: () => stop('cancelled') };
+}

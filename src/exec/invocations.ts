@@ -1,0 +1,460 @@
+/**
+ * Invocations: create (with `Idempotency-Key`), read, list, cancel, result,
+ * and dispatch to agents through the transport.
+ *
+ * Create decides, in order: body shape (`invalid_body`, `missing_workspace_id`
+ * first when `workspace_id` is absent), the workspace (see workspaces.ts), the
+ * idempotency key (same key and same canonical body → the stored invocation,
+ * 200 with `Idempotent-Replayed: true`; same key, other body →
+ * `exec_idempotency_conflict` 409), the tool (no online agent offers it →
+ * `exec_tool_not_found` 400), the arguments against the tool's `input_schema`
+ * (`invalid_body`, `param` = `arguments.<path>`), capacity (the project's
+ * non-terminal invocations at `SWITCHYARD_EXEC_MAX_PENDING`, or no connected
+ * agent for a tool that runs at once → 503 `unavailable`, nothing stored).
+ * Then: a `destructive` tool waits for approval (`pending_approval`,
+ * `exec.approval_requested`); any other is queued and dispatched at once
+ * (`exec.dispatched`). If the transport then refuses the dispatch, the
+ * invocation fails (`unavailable`, `exec.failed`) and the answer is 503.
+ */
+import { randomUUID } from 'node:crypto';
+import { and, desc, eq, inArray, sql } from 'drizzle-orm';
+import { z } from 'zod';
+import { ServiceError } from '../errors/index.js';
+import { parseBody } from '../http/validate.js';
+import { externalId } from '../runtime/ids.js';
+import { isUniqueViolation, tables } from '../store/index.js';
+import type { Approvals } from './approvals.js';
+import { canonicalHash } from './canonical.js';
+import type { Catalog, Candidate } from './catalog.js';
+import {
+  emit,
+  INVOCATION_STATUSES,
+  isTerminal,
+  NON_TERMINAL,
+  type ExecContext,
+} from './context.js';
+import { checkArguments, MAX_TIMEOUT_MS } from './manifest.js';
+import { afterCursor, page, pageQuery } from './pagination.js';
+import { publicInvocation, type InvocationRow } from './records.js';
+import { cancel, fail, move } from './transitions.js';
+import type { Workspaces } from './workspaces.js';
+
+const { invocations: I, workspaces: W, agents: A, approvals: P, projects: PR } = tables;
+
+const createBody = z
+  .object({
+    tool: z.string().min(1).max(64),
+    arguments: z.record(z.string(), z.unknown()).default({}),
+    workspace_id: z.unknown(),
+    timeout_ms: z.number().int().min(1).max(MAX_TIMEOUT_MS).optional(),
+  })
+  .strict();
+
+const listQuery = pageQuery.extend({
+  status: z.enum(INVOCATION_STATUSES).optional(),
+  workspace_id: z.string().optional(),
+  tool: z.string().optional(),
+});
+
+export const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+export type PublicInvocation = ReturnType<typeof publicInvocation>;
+
+export class Invocations {
+  constructor(
+    private readonly ctx: ExecContext,
+    private readonly catalog: Catalog,
+    private readonly workspaces: Workspaces,
+    private readonly approvals: () => Approvals,
+  ) {}
+
+  async view(i: InvocationRow): Promise<PublicInvocation> {
+    const [w] = await this.ctx.db
+      .select({ id: W.externalId })
+      .from(W)
+      .where(eq(W.id, i.workspaceId));
+    const [a] = i.agentId
+      ? await this.ctx.db.select({ id: A.externalId }).from(A).where(eq(A.id, i.agentId))
+      : [];
+    const [p] = await this.ctx.db
+      .select({ id: P.externalId })
+      .from(P)
+      .where(eq(P.invocationId, i.id));
+    return publicInvocation(i, {
+      workspace: w!.id,
+      agent: a?.id ?? null,
+      approval: p?.id ?? null,
+    });
+  }
+
+  async create(
+    projectId: string,
+    raw: unknown,
+    idempotencyKey: string | undefined,
+  ): Promise<{ replayed: boolean; invocation: PublicInvocation }> {
+    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+      throw new ServiceError('invalid_body', { message: 'The body must be a JSON object.' });
+    }
+    const wsRaw = (raw as Record<string, unknown>).workspace_id;
+    if (wsRaw === undefined || wsRaw === null || wsRaw === '') {
+      throw new ServiceError('missing_workspace_id', { param: 'workspace_id' });
+    }
+    const body = parseBody(createBody, raw);
+    if (idempotencyKey !== undefined && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
+      throw new ServiceError('invalid_body', {
+        message: 'Idempotency-Key must be 1..255 printable ASCII characters.',
+        param: 'Idempotency-Key',
+      });
+    }
+    const ws = await this.workspaces.resolve(projectId, body.workspace_id);
+    const requestHash = canonicalHash({
+      tool: body.tool,
+      arguments: body.arguments,
+      workspace_id: ws.externalId,
+      timeout_ms: body.timeout_ms ?? null,
+    });
+    if (idempotencyKey !== undefined) {
+      const prior = await this.replay(projectId, idempotencyKey, requestHash);
+      if (prior) return { replayed: true, invocation: prior };
+    }
+    const candidates = await this.catalog.candidates(projectId, body.tool);
+    const chosen = candidates[0];
+    if (!chosen) {
+      throw new ServiceError('exec_tool_not_found', {
+        status: 400,
+        message: `No online agent offers the tool '${body.tool}'.`,
+        param: 'tool',
+      });
+    }
+    const bad = checkArguments(chosen.manifestHash, chosen.spec, body.arguments);
+    if (bad) throw new ServiceError('invalid_body', { message: bad.message, param: bad.param });
+    const destructive = chosen.spec.risk === 'destructive';
+    const t = this.ctx.transport();
+    const target = destructive
+      ? chosen
+      : candidates.find((c) => t?.isConnected(c.agentExternalId) ?? false);
+    if (!target) {
+      throw unavailable(
+        t ? `No agent offering '${body.tool}' is connected.` : 'The exec broker is not running.',
+      );
+    }
+    const chain = destructive ? await this.approvals().chain(projectId) : [];
+    const now = new Date(this.ctx.clock.now());
+    let inv: InvocationRow;
+    try {
+      inv = await this.ctx.db.transaction(async (tx) => {
+        // Serialise creations per project so the pending cap holds under concurrency.
+        await tx.execute(sql`select id from ${PR} where id = ${projectId} for update`);
+        const [count] = await tx
+          .select({ n: sql<number>`count(*)::int` })
+          .from(I)
+          .where(and(eq(I.projectId, projectId), inArray(I.status, [...NON_TERMINAL])));
+        if ((count?.n ?? 0) >= this.ctx.settings.maxPendingPerProject) {
+          throw unavailable('The project has too many invocations in progress.');
+        }
+        const row: InvocationRow = {
+          id: randomUUID(),
+          externalId: externalId('inv'),
+          projectId,
+          workspaceId: ws.id,
+          tool: body.tool,
+          risk: chosen.spec.risk,
+          agentId: target.agentId,
+          arguments: body.arguments,
+          status: destructive ? 'pending_approval' : 'queued',
+          idempotencyKey: idempotencyKey ?? null,
+          requestHash,
+          timeoutMs: body.timeout_ms ?? chosen.spec.default_timeout_ms,
+          exitCode: null,
+          durationMs: null,
+          stdout: null,
+          stderr: null,
+          outputTruncated: 0,
+          errorCode: null,
+          errorMessage: null,
+          createdAt: now,
+          queuedAt: destructive ? null : now,
+          dispatchedAt: null,
+          startedAt: null,
+          finishedAt: null,
+          updatedAt: now,
+        };
+        await tx.insert(I).values(row);
+        if (destructive) await this.approvals().request(tx, row, ws.externalId, chain, now);
+        return row;
+      });
+    } catch (err) {
+      if (idempotencyKey !== undefined && isUniqueViolation(err)) {
+        const prior = await this.replay(projectId, idempotencyKey, requestHash);
+        if (prior) return { replayed: true, invocation: prior };
+      }
+      throw err;
+    }
+    this.ctx.poke();
+    if (!destructive) {
+      const outcome = await this.dispatch(inv, target);
+      if (outcome === 'failed') {
+        throw unavailable('The agent could not accept the invocation; it was marked failed.');
+      }
+    }
+    return { replayed: false, invocation: await this.view(await this.row(projectId, inv.id)) };
+  }
+
+  private async replay(
+    projectId: string,
+    key: string,
+    hash: string,
+  ): Promise<PublicInvocation | null> {
+    const [prior] = await this.ctx.db
+      .select()
+      .from(I)
+      .where(and(eq(I.projectId, projectId), eq(I.idempotencyKey, key)))
+      .limit(1);
+    if (!prior) return null;
+    if (prior.requestHash !== hash) {
+      throw new ServiceError('exec_idempotency_conflict', {
+        message: 'This Idempotency-Key was used with a different request body.',
+        param: 'Idempotency-Key',
+      });
+    }
+    return this.view(prior);
+  }
+
+  /**
+   * queued → dispatched (`exec.dispatched`), then the transport. A refusal
+   * fails the invocation (`unavailable`, `exec.failed`).
+   */
+  async dispatch(
+    inv: InvocationRow,
+    agent: Candidate,
+  ): Promise<'dispatched' | 'failed' | 'skipped'> {
+    const t = this.ctx.transport();
+    if (!t) return 'skipped';
+    const now = new Date(this.ctx.clock.now());
+    const moved = await this.ctx.db.transaction(async (tx) => {
+      const m = await move(tx, inv, ['queued'], {
+        status: 'dispatched',
+        agentId: agent.agentId,
+        dispatchedAt: now,
+        updatedAt: now,
+      });
+      if (!m) return null;
+      const [w] = await tx.select({ id: W.externalId }).from(W).where(eq(W.id, inv.workspaceId));
+      await emit(
+        tx,
+        inv.projectId,
+        'exec.dispatched',
+        {
+          invocation_id: inv.externalId,
+          tool_name: inv.tool,
+          workspace_id: w!.id,
+          agent_id: agent.agentExternalId,
+          risk: inv.risk,
+          dispatched_at: now.toISOString(),
+        },
+        now,
+      );
+      return m;
+    });
+    if (!moved) return 'skipped';
+    this.ctx.poke();
+    try {
+      await t.dispatch(agent.agentExternalId, {
+        invocationId: inv.externalId,
+        tool: inv.tool,
+        arguments: inv.arguments,
+        timeoutMs: inv.timeoutMs,
+      });
+      return 'dispatched';
+    } catch (err) {
+      this.ctx.logger.warn(
+        { err, invocation: inv.externalId, agent: agent.agentExternalId },
+        'exec dispatch refused by the transport',
+      );
+      const at = new Date(this.ctx.clock.now());
+      await this.ctx.db.transaction((tx) =>
+        fail(tx, moved, ['dispatched'], 'unavailable', 'The agent could not be reached.', at),
+      );
+      this.ctx.poke();
+      return 'failed';
+    }
+  }
+
+  /** Dispatches a queued invocation to a connected agent, if there is one now. */
+  async dispatchQueued(inv: InvocationRow): Promise<void> {
+    const t = this.ctx.transport();
+    if (!t) return;
+    const candidates = await this.catalog.candidates(inv.projectId, inv.tool);
+    const agent =
+      candidates.find((c) => c.agentId === inv.agentId && t.isConnected(c.agentExternalId)) ??
+      candidates.find((c) => t.isConnected(c.agentExternalId));
+    if (agent) await this.dispatch(inv, agent);
+  }
+
+  private async row(projectId: string, id: string): Promise<InvocationRow> {
+    const [i] = await this.ctx.db
+      .select()
+      .from(I)
+      .where(and(eq(I.projectId, projectId), eq(I.id, id)))
+      .limit(1);
+    if (!i) throw new ServiceError('invocation_not_found', { param: 'invocation_id' });
+    return i;
+  }
+
+  /** By external id, in the caller's project only (another project's id is simply not found). */
+  async rowByExternal(projectId: string, id: string): Promise<InvocationRow> {
+    const [i] = /^inv_[0-9a-f]{1,64}$/.test(id)
+      ? await this.ctx.db
+          .select()
+          .from(I)
+          .where(and(eq(I.projectId, projectId), eq(I.externalId, id)))
+          .limit(1)
+      : [];
+    if (!i) throw new ServiceError('invocation_not_found', { param: 'invocation_id' });
+    return i;
+  }
+
+  async get(projectId: string, id: string) {
+    return this.view(await this.rowByExternal(projectId, id));
+  }
+
+  async list(projectId: string, query: unknown) {
+    const q = parseBody(listQuery, query ?? {});
+    let wsId: string | undefined;
+    if (q.workspace_id !== undefined) {
+      wsId = (await this.workspaces.resolve(projectId, q.workspace_id)).id;
+    }
+    const cursor = await afterCursor(this.ctx.db, I, projectId, q.after);
+    const rows = await this.ctx.db
+      .select()
+      .from(I)
+      .where(
+        and(
+          eq(I.projectId, projectId),
+          q.status ? eq(I.status, q.status) : undefined,
+          wsId ? eq(I.workspaceId, wsId) : undefined,
+          q.tool ? eq(I.tool, q.tool) : undefined,
+          cursor,
+        ),
+      )
+      .orderBy(desc(I.createdAt), desc(I.id))
+      .limit(q.limit + 1);
+    const data = [];
+    for (const r of rows) data.push(await this.view(r));
+    return page(data, q.limit);
+  }
+
+  /**
+   * Cancel: any non-terminal invocation becomes `cancelled` at once (error
+   * `cancelled`); a pending approval expires; a dispatched or running tool is
+   * killed on its agent (best effort; its later answer changes nothing).
+   * Terminal → `invocation_terminal` 409.
+   */
+  async cancel(projectId: string, id: string) {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const inv = await this.rowByExternal(projectId, id);
+      if (isTerminal(inv.status)) {
+        throw new ServiceError('invocation_terminal', {
+          message: `The invocation is already ${inv.status}.`,
+        });
+      }
+      const now = new Date(this.ctx.clock.now());
+      const moved = await this.ctx.db.transaction(async (tx) => {
+        const m = await cancel(
+          tx,
+          inv,
+          [inv.status as (typeof NON_TERMINAL)[number]],
+          'cancelled',
+          'Invocation cancelled before completion.',
+          now,
+        );
+        if (m && inv.status === 'pending_approval') {
+          await this.approvals().expireFor(tx, inv.id, now);
+        }
+        return m;
+      });
+      if (!moved) continue; // it moved under us; look again
+      if ((inv.status === 'dispatched' || inv.status === 'running') && inv.agentId) {
+        await this.cancelOnAgent(inv);
+      }
+      return this.view(moved);
+    }
+    throw unavailable('The invocation is changing state; retry.');
+  }
+
+  async cancelOnAgent(inv: InvocationRow): Promise<void> {
+    const t = this.ctx.transport();
+    if (!t || !inv.agentId) return;
+    const [a] = await this.ctx.db.select({ id: A.externalId }).from(A).where(eq(A.id, inv.agentId));
+    if (!a) return;
+    await t.cancel(a.id, inv.externalId).catch((err: unknown) => {
+      this.ctx.logger.warn({ err, invocation: inv.externalId }, 'exec cancel not delivered');
+    });
+  }
+
+  /**
+   * The outcome of a terminal invocation: 200 for completed and failed ones
+   * (exit code, output, error), 499 `cancelled` for cancelled ones, 409
+   * `invalid_state` while it is not terminal yet.
+   */
+  async result(projectId: string, id: string) {
+    const inv = await this.rowByExternal(projectId, id);
+    if (!isTerminal(inv.status)) {
+      throw new ServiceError('invalid_state', {
+        message: `The invocation is ${inv.status}; its result is not available yet.`,
+      });
+    }
+    if (inv.status === 'cancelled') {
+      throw new ServiceError('cancelled', {
+        message: inv.errorMessage ?? 'Invocation cancelled before completion.',
+      });
+    }
+    return {
+      object: 'invocation.result' as const,
+      invocation_id: inv.externalId,
+      status: inv.status,
+      exit_code: inv.exitCode,
+      duration_ms: inv.durationMs,
+      stdout: inv.stdout ?? '',
+      stderr: inv.stderr ?? '',
+      output_truncated: inv.outputTruncated === 1,
+      error: inv.errorCode ? { code: inv.errorCode, message: inv.errorMessage ?? '' } : null,
+    };
+  }
+
+  /**
+   * Operator maintenance: force a stuck invocation to `failed` (`exec.failed`,
+   * error `operator_failed`). Already terminal → `already_terminal` 400.
+   */
+  async forceFail(projectId: string, id: string, reason: string) {
+    const inv = await this.rowByExternal(projectId, id);
+    if (isTerminal(inv.status)) {
+      throw new ServiceError('already_terminal', {
+        message: `The invocation is already ${inv.status}.`,
+      });
+    }
+    const now = new Date(this.ctx.clock.now());
+    const moved = await this.ctx.db.transaction(async (tx) => {
+      const m = await fail(
+        tx,
+        inv,
+        [inv.status as (typeof NON_TERMINAL)[number]],
+        'operator_failed',
+        reason || 'Failed by an operator.',
+        now,
+      );
+      if (m && inv.status === 'pending_approval') {
+        await this.approvals().expireFor(tx, inv.id, now);
+      }
+      return m;
+    });
+    if (!moved) throw new ServiceError('already_terminal');
+    this.ctx.poke();
+    if (inv.status === 'dispatched' || inv.status === 'running') await this.cancelOnAgent(inv);
+    return this.view(moved);
+  }
+}
+
+function unavailable(message: string): ServiceError {
+  return new ServiceError('unavailable', { message, headers: { 'Retry-After': '1' } });
+}

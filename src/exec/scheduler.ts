@@ -1,0 +1,204 @@
+/**
+ * The control plane's clock-driven work, one `tick()` at a time (tests call
+ * it after advancing a FakeClock; in production `start()` runs it every
+ * `SWITCHYARD_EXEC_TICK_MS` on the injected clock). Each step is a set of
+ * conditional transitions, so several router instances may tick the same
+ * database: whoever moves a row emits its event, the others do nothing.
+ *
+ * 1. Leases: an enrolled agent whose lease has passed goes `offline`; each of
+ *    its in-flight invocations gets `exec.agent_offline` (reason
+ *    `lease_expired`) and fails (`agent_offline`, `exec.failed`).
+ * 2. Approvals: stage deadlines escalate, the last one expires (approvals.ts).
+ * 3. Backstop: an invocation dispatched more than `timeout_ms` + grace ago with
+ *    no answer from its agent fails with error `timeout` and `exec.timeout`
+ *    (the agent is asked to kill it).
+ * 4. Queue: queued invocations (approved ones waiting for a connected agent)
+ *    are dispatched; one queued longer than its `timeout_ms` fails with
+ *    `tool_executor_unavailable` (`exec.failed`).
+ */
+import { and, eq, inArray, isNull, lte, sql } from 'drizzle-orm';
+import type { Timer } from '../runtime/clock.js';
+import { tables } from '../store/index.js';
+import type { Approvals } from './approvals.js';
+import { emit, IN_FLIGHT, type ExecContext } from './context.js';
+import type { Invocations } from './invocations.js';
+import { fail, move } from './transitions.js';
+
+const { agents: A, invocations: I } = tables;
+const BATCH = 100;
+
+export class Scheduler {
+  private timer: Timer | null = null;
+  private running: Promise<unknown> = Promise.resolve();
+  private stopped = true;
+
+  constructor(
+    private readonly ctx: ExecContext,
+    private readonly approvals: Approvals,
+    private readonly invocations: Invocations,
+  ) {}
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    const loop = () => {
+      if (this.stopped) return;
+      this.timer = this.ctx.clock.setTimer(this.ctx.settings.tickMs, () => {
+        void this.tick()
+          .catch((err: unknown) => this.ctx.logger.error({ err }, 'exec scheduler tick failed'))
+          .finally(loop);
+      });
+    };
+    loop();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.timer?.cancel();
+    this.timer = null;
+    await this.running.catch(() => undefined);
+  }
+
+  /** One pass; passes never overlap (a call made during one runs after it). */
+  tick(): Promise<void> {
+    const next = this.running.catch(() => undefined).then(() => this.pass());
+    this.running = next;
+    return next;
+  }
+
+  private async pass(): Promise<void> {
+    await this.expireLeases();
+    await this.approvals.sweep(BATCH);
+    await this.backstop();
+    await this.queue();
+  }
+
+  async expireLeases(): Promise<number> {
+    const now = new Date(this.ctx.clock.now());
+    const due = await this.ctx.db
+      .select()
+      .from(A)
+      .where(and(eq(A.status, 'enrolled'), isNull(A.deletedAt), lte(A.leaseExpiresAt, now)))
+      .limit(BATCH);
+    let n = 0;
+    for (const agent of due) {
+      const moved = await this.ctx.db.transaction(async (tx) => {
+        const [a] = await tx
+          .update(A)
+          .set({ status: 'offline', updatedAt: now })
+          .where(and(eq(A.id, agent.id), eq(A.status, 'enrolled'), lte(A.leaseExpiresAt, now)))
+          .returning();
+        if (!a) return false;
+        const inflight = await tx
+          .select()
+          .from(I)
+          .where(and(eq(I.agentId, a.id), inArray(I.status, [...IN_FLIGHT])));
+        for (const inv of inflight) {
+          await emit(
+            tx,
+            a.projectId,
+            'exec.agent_offline',
+            {
+              invocation_id: inv.externalId,
+              agent_id: a.externalId,
+              reason: 'lease_expired',
+              detected_at: now.toISOString(),
+            },
+            now,
+          );
+          await fail(
+            tx,
+            inv,
+            IN_FLIGHT,
+            'agent_offline',
+            'The agent missed its lease renewal while running the invocation.',
+            now,
+          );
+        }
+        return true;
+      });
+      if (moved) n++;
+    }
+    if (n > 0) this.ctx.poke();
+    return n;
+  }
+
+  async backstop(): Promise<number> {
+    const nowMs = this.ctx.clock.now();
+    const now = new Date(nowMs);
+    const grace = this.ctx.settings.timeoutGraceMs;
+    const due = await this.ctx.db
+      .select()
+      .from(I)
+      .where(
+        and(
+          inArray(I.status, [...IN_FLIGHT]),
+          sql`${I.dispatchedAt} + (${I.timeoutMs} + ${grace}) * interval '1 millisecond' <= ${now}`,
+        ),
+      )
+      .limit(BATCH);
+    let n = 0;
+    for (const inv of due) {
+      const elapsed = nowMs - (inv.startedAt ?? inv.dispatchedAt ?? now).getTime();
+      const moved = await this.ctx.db.transaction(async (tx) => {
+        const m = await move(tx, inv, IN_FLIGHT, {
+          status: 'failed',
+          errorCode: 'timeout',
+          errorMessage: `No answer from the agent within timeout_ms (${inv.timeoutMs}) plus ${grace} ms.`,
+          finishedAt: now,
+          updatedAt: now,
+        });
+        if (!m) return null;
+        await emit(
+          tx,
+          inv.projectId,
+          'exec.timeout',
+          {
+            invocation_id: inv.externalId,
+            timeout_ms: inv.timeoutMs,
+            elapsed_ms: elapsed,
+            timed_out_at: now.toISOString(),
+          },
+          now,
+        );
+        return m;
+      });
+      if (moved) {
+        n++;
+        await this.invocations.cancelOnAgent(inv);
+      }
+    }
+    if (n > 0) this.ctx.poke();
+    return n;
+  }
+
+  async queue(): Promise<void> {
+    const now = new Date(this.ctx.clock.now());
+    const queued = await this.ctx.db
+      .select()
+      .from(I)
+      .where(eq(I.status, 'queued'))
+      .orderBy(I.queuedAt)
+      .limit(BATCH);
+    let failed = 0;
+    for (const inv of queued) {
+      const since = (inv.queuedAt ?? inv.createdAt).getTime();
+      if (since + inv.timeoutMs <= now.getTime()) {
+        const m = await this.ctx.db.transaction((tx) =>
+          fail(
+            tx,
+            inv,
+            ['queued'],
+            'tool_executor_unavailable',
+            'No agent was online for the tool before the invocation timed out.',
+            now,
+          ),
+        );
+        if (m) failed++;
+        continue;
+      }
+      await this.invocations.dispatchQueued(inv);
+    }
+    if (failed > 0) this.ctx.poke();
+  }
+}
