@@ -1,0 +1,247 @@
+/**
+ * `node bench/streams.mjs [--streams=5000] [--storage=pglite|postgres]`: many
+ * concurrent open SSE streams on ONE router instance, and what each costs.
+ *
+ *   CPU 0: the router (`switchyard serve`).
+ *   CPU 1: a sim worker emitting one token every `--tpot-ms` (default 1000, so
+ *          every stream stays open for the whole hold) and the client.
+ *
+ * The client opens `--streams` streaming chat completions through the router
+ * (one HTTP/1.1 connection each, ramped at `--ramp` per second), waits until
+ * every one has received its first chunk, samples the router's RSS and heap
+ * with all of them open, then lets them finish and checks each ended with
+ * `data: [DONE]` and no error event. Memory per stream = (RSS with all open -
+ * RSS before) / streams. Prints a markdown table and writes
+ * bench/results/streams-<timestamp>.json.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { Agent, request } from 'node:http';
+import os from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { installCleanup, memoryOf, startService, stopAll } from './lib/procs.mjs';
+import { createDatabase } from './lib/postgres.mjs';
+import { MODEL, register } from './lib/setup.mjs';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const BIN = join(ROOT, 'bin', 'switchyard.js');
+
+const { values: opts } = parseArgs({
+  options: {
+    streams: { type: 'string', default: '5000' },
+    ramp: { type: 'string', default: '1000' },
+    'tpot-ms': { type: 'string', default: '1000' },
+    tokens: { type: 'string', default: '20' },
+    storage: { type: 'string', default: 'pglite' },
+  },
+  strict: true,
+});
+const N = Number(opts.streams);
+const RAMP = Number(opts.ramp);
+const TPOT = Number(opts['tpot-ms']);
+const TOKENS = Number(opts.tokens);
+
+const log = (m) => process.stderr.write(`streams: ${m}\n`);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function metricsOf(url) {
+  return new Promise((resolve, reject) => {
+    request(`${url}/metrics`, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve(body));
+    })
+      .on('error', reject)
+      .end();
+  });
+}
+
+async function main() {
+  installCleanup();
+  const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-streams-'));
+  const db =
+    opts.storage === 'postgres'
+      ? await createDatabase(
+          process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
+        )
+      : null;
+  const token = randomBytes(24).toString('base64url');
+  try {
+    const sim = await startService({
+      name: 'sim worker',
+      cpu: 1,
+      cmd: process.execPath,
+      args: [
+        BIN,
+        'worker',
+        '--engine',
+        'sim',
+        '--port',
+        '0',
+        '--model',
+        MODEL,
+        '--ttft-ms',
+        '0',
+        '--tpot-ms',
+        String(TPOT),
+      ],
+      env: { ...process.env, NODE_ENV: 'production' },
+      ready: /serving (http:\/\/127\.0\.0\.1:\d+\/v1)/,
+    });
+    const env = {
+      ...process.env,
+      NODE_ENV: 'production',
+      PORT: '0',
+      HOST: '127.0.0.1',
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_DATA_DIR: dataDir,
+      SWITCHYARD_ADMIN_TOKEN: token,
+      LOG_LEVEL: 'warn',
+      // One worker carries every stream: let it have them all in flight.
+      SWITCHYARD_WORKER_MAX_INFLIGHT: String(N + 100),
+    };
+    delete env.DATABASE_URL;
+    delete env.REDIS_URL;
+    if (db) env.DATABASE_URL = db.url;
+    const router = await startService({
+      name: 'router',
+      cpu: 0,
+      cmd: process.execPath,
+      args: [BIN, 'serve'],
+      env,
+      ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
+      timeoutMs: 60_000,
+    });
+    const routerUrl = router.match[1];
+    const reg = await register({ routerUrl, token, workerUrl: sim.match[1] });
+    const url = new URL(`${routerUrl}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`);
+    const body = JSON.stringify({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Stream for a while.' }],
+      max_tokens: TOKENS,
+      stream: true,
+    });
+    await sleep(1000);
+    const idle = memoryOf(router.pid);
+    log(`router idle RSS ${idle.rssMiB} MiB; opening ${N} streams at ${RAMP}/s`);
+
+    const agent = new Agent({ keepAlive: false, maxSockets: Infinity });
+    let firstChunk = 0;
+    let done = 0;
+    let errors = 0;
+    let errorSample = null;
+    const finished = [];
+    const t0 = Date.now();
+    for (let i = 0; i < N; i++) {
+      const due = t0 + (i * 1000) / RAMP;
+      if (due > Date.now()) await sleep(due - Date.now());
+      finished.push(
+        new Promise((resolve) => {
+          let got = false;
+          let text = '';
+          const req = request(
+            url,
+            {
+              method: 'POST',
+              agent,
+              headers: {
+                'content-type': 'application/json',
+                authorization: `Bearer ${reg.key}`,
+                'content-length': Buffer.byteLength(body),
+              },
+            },
+            (res) => {
+              res.setEncoding('utf8');
+              res.on('data', (d) => {
+                if (!got) {
+                  got = true;
+                  firstChunk++;
+                }
+                text += d;
+              });
+              res.on('end', () => {
+                const ok =
+                  res.statusCode === 200 &&
+                  text.trimEnd().endsWith('data: [DONE]') &&
+                  !text.includes('event: error');
+                if (ok) done++;
+                else {
+                  errors++;
+                  errorSample ??= `HTTP ${res.statusCode} ${text.slice(-300)}`;
+                }
+                resolve();
+              });
+            },
+          );
+          req.on('error', (e) => {
+            errors++;
+            errorSample ??= e.message;
+            resolve();
+          });
+          req.end(body);
+        }),
+      );
+    }
+    const openedS = (Date.now() - t0) / 1000;
+    const deadline = Date.now() + 60_000;
+    while (firstChunk + errors < N && Date.now() < deadline) await sleep(100);
+    const open = memoryOf(router.pid);
+    const m = await metricsOf(routerUrl);
+    const heap = /switchyard_nodejs_heap_size_used_bytes (\S+)/.exec(m)?.[1];
+    log(
+      `all ${firstChunk} streams open after ${openedS.toFixed(1)} s ramp; router RSS ${open.rssMiB} MiB`,
+    );
+    await Promise.all(finished);
+    const after = memoryOf(router.pid);
+    const result = {
+      timestamp: new Date().toISOString(),
+      streams: N,
+      rampPerS: RAMP,
+      tpotMs: TPOT,
+      tokensPerStream: TOKENS,
+      storage: opts.storage,
+      openAtOnce: firstChunk,
+      completed: done,
+      errors,
+      errorSample,
+      routerRssMiB: {
+        idle: idle.rssMiB,
+        allOpen: open.rssMiB,
+        afterAll: after.rssMiB,
+        peak: after.peakRssMiB,
+      },
+      heapUsedMiB: heap ? Math.round((Number(heap) / 1048576) * 10) / 10 : null,
+      kibPerStream: Math.round(((open.rssMiB - idle.rssMiB) * 1024) / N),
+      loadAverage: os.loadavg().map((v) => Math.round(v * 100) / 100),
+    };
+    mkdirSync(join(ROOT, 'bench', 'results'), { recursive: true });
+    const file = join(
+      ROOT,
+      'bench',
+      'results',
+      `streams-${result.timestamp.replace(/[:.]/g, '-')}.json`,
+    );
+    writeFileSync(file, JSON.stringify(result, null, 2) + '\n');
+    process.stdout.write(
+      [
+        `| Streams | Open at once | Completed | Errors | Router RSS idle → all open → after (MiB) | Per stream |`,
+        `| ---: | ---: | ---: | ---: | --- | ---: |`,
+        `| ${N} | ${firstChunk} | ${done} | ${errors} | ${idle.rssMiB} → ${open.rssMiB} → ${after.rssMiB} | ${result.kibPerStream} KiB |`,
+      ].join('\n') + '\n',
+    );
+    log(`results written to ${file}`);
+    if (errors > 0) process.exitCode = 1;
+  } finally {
+    await stopAll();
+    rmSync(dataDir, { recursive: true, force: true });
+    await db?.drop();
+  }
+}
+
+main().catch(async (err) => {
+  process.stderr.write(`streams: ${err instanceof Error ? err.message : String(err)}\n`);
+  await stopAll();
+  process.exitCode = 1;
+});
