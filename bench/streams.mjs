@@ -14,6 +14,7 @@
  * RSS before) / streams. Prints a markdown table and writes
  * bench/results/streams-<timestamp>.json.
  */
+import { Buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
