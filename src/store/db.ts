@@ -133,6 +133,12 @@ async function openPostgres(url: string, max: number): Promise<Store> {
   // An idle client's error (server restart) must not crash the process; the pool
   // discards the client and the next query reconnects.
   pool.on('error', () => undefined);
+  // Nor may a checked-out one's: pg-pool removes its own listener while a client
+  // is lent out, and a connection lost between two statements of a transaction
+  // (no query active to receive the error) would be an unhandled 'error' event
+  // that kills the process. The client is marked unusable; its pending and next
+  // queries fail, and the pool drops it when it is released.
+  pool.on('connect', (client) => client.on('error', () => undefined));
   const db = drizzle(pool, { schema });
   return {
     db: db as unknown as Db,

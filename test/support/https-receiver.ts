@@ -23,8 +23,8 @@ export interface Receiver {
   port: number;
   caFile: string;
   received: ReceivedRequest[];
-  /** Decides the answer to each request (default: 200). */
-  behaviour: (r: ReceivedRequest) => Behaviour;
+  /** Decides the answer to each request (default: 200); a promise delays the answer. */
+  behaviour: (r: ReceivedRequest) => Behaviour | Promise<Behaviour>;
   close(): Promise<void>;
 }
 
@@ -84,7 +84,12 @@ export async function startReceiver(): Promise<Receiver> {
         at: Date.now(),
       };
       rec.received.push(r);
-      switch (rec.behaviour(r)) {
+      void Promise.resolve(rec.behaviour(r)).then((b) => answer(b));
+    });
+    const answer = (b: Behaviour) => {
+      // A delayed answer to a sender that went away meanwhile: nobody to answer.
+      if (res.destroyed || req.socket.destroyed) return;
+      switch (b) {
         case 'ok':
           res.writeHead(200, { 'content-type': 'text/plain' }).end('thanks');
           break;
@@ -100,7 +105,7 @@ export async function startReceiver(): Promise<Receiver> {
         case 'hang':
           break;
       }
-    });
+    };
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   rec.port = (server.address() as AddressInfo).port;
