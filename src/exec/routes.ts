@@ -4,6 +4,7 @@
  *   broker's public key and endpoints;
  * - scope `execution`, under `/<project_id>/v1/exec`: tools catalog,
  *   workspaces, invocations, approvals (read);
+ * - scope `execution`, `/<project_id>/v1/mcp`: the project's MCP server (mcp.ts);
  * - approval decisions (`…/approvals/{id}/approve|reject`) are authorised by a
  *   user token (`Authorization: Bearer swyu_…`) and the user's project role,
  *   not by an API key.
@@ -13,6 +14,7 @@ import { ServiceError } from '../errors/index.js';
 import { requireKey } from '../http/auth.js';
 import type { Services } from '../runtime/services.js';
 import { publicTool } from './catalog.js';
+import { mountMcp } from './mcp.js';
 
 interface P {
   projectId: string;
@@ -70,6 +72,9 @@ export function execRoutes(s: Services): FastifyPluginAsync {
         lease_ms: x.ctx.settings.leaseMs,
       };
     });
+
+    // Execution: the project's MCP server (Streamable HTTP, stateless).
+    mountMcp(app, s.verifier, x);
 
     // Execution: tools catalog.
     app.get(`${ex}/tools`, execution, async (r) => ({

@@ -18,13 +18,18 @@
  *
  * An engine that still rejects the clamped value with its exact token-count
  * error gets one retry with the value it says fits.
+ *
+ * `x_exec: true` (scope `execution` too) hands the rounds to the tool bridge
+ * (bridge.ts), which reuses this module's upstream path and usage record.
  */
+import type { Span, Tracing } from '../runtime/tracing.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { costMicrocents, type BillingGate } from '../billing/gate.js';
 import type { UsageRecorder } from '../billing/usage-recorder.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
+import type { ExecService } from '../exec/service.js';
 import { authenticateKey } from '../http/auth.js';
 import type { Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
@@ -48,6 +53,7 @@ import {
   type ServiceTierName,
   type Usage,
 } from './reframe.js';
+import { checkBridgeRequest, ToolBridge, WORKSPACE_FIELD } from './bridge.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
 import { isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
@@ -65,11 +71,20 @@ export interface ChatDeps {
   limits: Limits;
   /** Cancellers of the open streams, called when a shutdown's drain period ends. */
   streams: Set<() => void>;
+  /** The execution control plane, for `x_exec` requests (the tool bridge); absent: 400. */
+  exec?: ExecService;
+  /** OpenTelemetry (runtime/tracing); null or absent: no spans, no trace headers. */
+  tracing?: Tracing | null;
 }
+
+/** With tracing on: each request's SERVER span and its current upstream CLIENT span. */
+const serverSpans = new WeakMap<FastifyRequest, Span>();
+const clientSpans = new WeakMap<FastifyRequest, Span>();
 
 /** Request fields that stay with the router and are not forwarded to workers. */
 const ROUTER_ONLY_FIELDS = [
   'x_exec',
+  WORKSPACE_FIELD,
   'service_tier',
   'metadata',
   'store',
@@ -183,7 +198,38 @@ function isAbort(err: unknown): boolean {
 export class ChatCompletions {
   constructor(private readonly d: ChatDeps) {}
 
-  handle = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+  handle = (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const t = this.d.tracing;
+    if (!t) return this.serve(request, reply);
+    const span = t.serverSpan('POST /chat/completions', request.headers, {
+      'http.request.method': 'POST',
+      'http.route': '/:projectId/:endpointSlug/v1/chat/completions',
+      'switchyard.request_id': request.id,
+    });
+    serverSpans.set(request, span);
+    reply.raw.once('close', () => {
+      clientSpans.get(request)?.end();
+      const worker = reply.getHeader('x-service-worker-id');
+      t.end(span, reply.statusCode, worker ? { 'switchyard.worker.id': String(worker) } : {});
+    });
+    return this.serve(request, reply);
+  };
+
+  /** Trace context for an upstream attempt: a new CLIENT span under the request's span. */
+  private traceHeaders(run: Run): Record<string, string> | undefined {
+    const t = this.d.tracing;
+    const parent = t ? serverSpans.get(run.request) : undefined;
+    if (!t || !parent) return undefined;
+    clientSpans.get(run.request)?.end();
+    const span = t.clientSpan('upstream POST /chat/completions', parent, {
+      'switchyard.worker.id': run.worker.id,
+      'server.address': run.worker.url,
+    });
+    clientSpans.set(run.request, span);
+    return t.inject(span, {});
+  }
+
+  private serve = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const d = this.d;
     const { projectId, endpointSlug } = request.params as {
       projectId: string;
@@ -229,10 +275,13 @@ export class ChatCompletions {
           message: "x_exec requests require the 'execution' scope.",
         });
       }
-      throw new ServiceError('unsupported_value', {
-        message: 'The execution tool bridge is not enabled on this service.',
-        param: 'x_exec',
-      });
+      if (!d.exec) {
+        throw new ServiceError('unsupported_value', {
+          message: 'The execution tool bridge is not enabled on this service.',
+          param: 'x_exec',
+        });
+      }
+      checkBridgeRequest(req, endpoint.capabilities, endpoint.modelName);
     }
     requireCapabilities(req, endpoint);
     await d.billing.check(
@@ -293,12 +342,40 @@ export class ChatCompletions {
     };
     d.pool.acquire(worker.id);
     try {
-      if (req.stream) await this.stream(run);
+      if (req.xExec && d.exec) await this.bridge(run, d.exec);
+      else if (req.stream) await this.stream(run);
       else await this.complete(run);
     } finally {
       d.pool.release(run.worker.id);
     }
   };
+
+  /** `x_exec: true`: the tool bridge runs the rounds (src/inference/bridge.ts). */
+  private bridge(run: Run, exec: ExecService): Promise<void> {
+    return new ToolBridge({
+      clock: this.d.clock,
+      logger: this.d.logger,
+      exec,
+      projectId: run.key.projectId,
+      req: run.req,
+      body: run.body,
+      ctx: run.ctx,
+      tier: run.tier,
+      startedAt: run.startedAt,
+      reply: run.reply,
+      streams: this.d.streams,
+      send: (body, signal) => {
+        run.body = { ...body, max_tokens: run.body.max_tokens };
+        return this.send(run, signal);
+      },
+      responseHeaders: () => ({
+        'X-Service-Worker-ID': run.worker.id,
+        ...(run.clampHeader ? { [CLAMP_HEADER]: run.clampHeader } : {}),
+      }),
+      fixUsage: (u) => reasoningNull(u, run.endpoint),
+      record: (outcome, usage, ttftMs) => this.record(run, outcome, usage, ttftMs, run.req.stream),
+    }).run();
+  }
 
   /**
    * Failover before the first byte: another worker of the same (model, tier)
@@ -328,6 +405,7 @@ export class ChatCompletions {
           '/chat/completions',
           JSON.stringify(run.body),
           signal,
+          this.traceHeaders(run),
         );
       } catch (err) {
         // Connection refused or reset before headers: nothing reached the client yet.
@@ -361,6 +439,7 @@ export class ChatCompletions {
         '/chat/completions',
         JSON.stringify(run.body),
         signal,
+        this.traceHeaders(run),
       );
     }
     if (res.statusCode !== 200) {

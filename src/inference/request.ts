@@ -134,7 +134,7 @@ export interface ChatRequest {
   /** The prediction's content, text parts concatenated. */
   readonly predictionText: string | undefined;
   readonly modalities: readonly 'text'[] | undefined;
-  /** Opt-in for the execution tool bridge (later feature); kept, not interpreted here. */
+  /** Opt-in for the execution tool bridge (src/inference/bridge.ts); not interpreted here. */
   readonly xExec: boolean | undefined;
 }
 

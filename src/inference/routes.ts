@@ -17,6 +17,8 @@ export function inferenceRoutes(s: Services): FastifyPluginAsync {
       billing: s.billing,
       limits: s.limits,
       streams: s.openStreams,
+      exec: s.exec,
+      tracing: s.tracing,
     });
     app.post('/:projectId/:endpointSlug/v1/chat/completions', chat.handle);
   };

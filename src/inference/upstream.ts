@@ -44,6 +44,8 @@ export class UpstreamClient {
     path: string,
     body: string,
     signal: AbortSignal,
+    /** Extra request headers (trace context); the fixed ones otherwise. */
+    extraHeaders?: Record<string, string>,
   ): Promise<UpstreamResponse> {
     let t = this.targets.get(workerBaseUrl);
     if (!t) {
@@ -55,7 +57,7 @@ export class UpstreamClient {
     return this.pool(t.origin).request({
       method: 'POST',
       path: t.prefix + path,
-      headers: REQUEST_HEADERS,
+      headers: extraHeaders ? { ...REQUEST_HEADERS, ...extraHeaders } : REQUEST_HEADERS,
       body,
       signal,
     });
