@@ -1,0 +1,361 @@
+/**
+ * bench/routing: a discrete-event simulation of the router's worker choice (not HTTP)
+ * over simulated heterogeneous workers, every policy replaying the same arrival
+ * traces, several seeds. See docs/BENCHMARKS.md, "Routing".
+ *
+ *   node --import tsx bench/routing/run.ts [--seeds=5] [--duration=180] [--quick]
+ *
+ * Workers: w0, w1, w3 at speed 1, w2 1.5× slower, w3 killed at 40 % of the run (its
+ * requests without a first token fail over at once; streaming ones fail).
+ * Prints markdown tables and writes bench/results/routing-<timestamp>.json.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import {
+  allPolicies,
+  SCRAPE_MS,
+  Switchyard,
+  type Attempt,
+  type Policy,
+  type RouterView,
+} from './policies.js';
+import { EventQueue, SimWorker, type Job, type WorkerMetrics, type WorkerSpec } from './sim.js';
+import { makeWorkload, WORKLOADS, type TraceRequest, type Workload } from './workloads.js';
+
+const BASE: Omit<WorkerSpec, 'id' | 'slowdown'> = {
+  maxRunning: 128,
+  kvCacheTokens: 100_000,
+  blockSize: 16,
+  ttftMs: 15,
+  prefillMsPerToken: 0.15,
+  tpotMs: 20,
+  batchSlope: 0.005,
+};
+const WORKERS: WorkerSpec[] = [
+  { ...BASE, id: 'w0', slowdown: 1 },
+  { ...BASE, id: 'w1', slowdown: 1 },
+  { ...BASE, id: 'w2', slowdown: 1.5 },
+  { ...BASE, id: 'w3', slowdown: 1 },
+];
+const KILLED = 'w3';
+const KILL_AT = 0.4;
+
+type Tier = 'priority' | 'default' | 'flex';
+
+interface Result {
+  id: number;
+  tier: Tier;
+  ttftMs?: number;
+  tpotMs?: number;
+  outTokens: number;
+  status: 'ok' | 'failed' | 'rejected';
+  good: boolean;
+}
+
+interface RunStats {
+  results: Result[];
+  promptTokens: number;
+  cachedTokens: number;
+  endMs: number;
+  chosen: Record<string, number>;
+}
+
+function simulate(w: Workload, policy: Policy): RunStats {
+  const ev = new EventQueue();
+  const workers = new Map(WORKERS.map((s) => [s.id, new SimWorker(s, ev)]));
+  let alive = WORKERS.map((s) => s.id);
+  const inFlight = new Map<string, number>();
+  const scraped = new Map<string, WorkerMetrics>();
+  const chosen: Record<string, number> = {};
+  const results: Result[] = [];
+  let endMs = 0;
+  const view: RouterView = {
+    get alive() {
+      return alive;
+    },
+    inFlight: (id) => inFlight.get(id) ?? 0,
+    scraped: (id) => scraped.get(id),
+    kvCacheTokens: (id) => workers.get(id)!.spec.kvCacheTokens,
+  };
+  // Requests on the killed worker that had not started, with their attempt.
+  const attempts = new Map<Job, { req: TraceRequest; attempt: Attempt; tried: Set<string> }>();
+
+  const scrape = (): void => {
+    for (const [id, wk] of workers) if (wk.alive) scraped.set(id, wk.metrics());
+    if (ev.now < w.durationMs * 1.5 || attempts.size > 0) ev.at(ev.now + SCRAPE_MS, scrape);
+  };
+  scrape();
+
+  const done = (r: Result): void => {
+    results.push(r);
+    endMs = Math.max(endMs, ev.now);
+  };
+
+  const dispatch = (req: TraceRequest, tried: Set<string>): void => {
+    const tier: Tier = req.tier === 'priority' || req.tier === 'flex' ? req.tier : 'default';
+    const attempt = policy.choose(req, view, tried);
+    if (!attempt) {
+      done({ id: req.id, tier, outTokens: 0, status: 'rejected', good: false });
+      return;
+    }
+    const id = attempt.workerId;
+    chosen[id] = (chosen[id] ?? 0) + 1;
+    inFlight.set(id, (inFlight.get(id) ?? 0) + 1);
+    let ttftMs = 0;
+    let cached = 0;
+    const job: Job = {
+      promptTokens: req.promptTokens,
+      blockKeys: req.blockKeys,
+      outTokens: req.outTokens,
+      cached: 0,
+      tail: 0,
+      started: false,
+      onFirstToken: (now, c) => {
+        ttftMs = now - req.at;
+        cached = c;
+        attempt.firstToken?.();
+      },
+      onFinish: (_now, tpotMs) => {
+        attempts.delete(job);
+        inFlight.set(id, inFlight.get(id)! - 1);
+        attempt.finish?.({ ttftMs, tpotMs, promptTokens: req.promptTokens, cachedTokens: cached });
+        done({
+          id: req.id,
+          tier,
+          ttftMs,
+          tpotMs,
+          outTokens: req.outTokens,
+          status: 'ok',
+          good: ttftMs <= req.goal.ttftMs && tpotMs <= req.goal.tpotMs,
+        });
+      },
+    };
+    attempts.set(job, { req, attempt, tried });
+    workers.get(id)!.submit(job);
+  };
+
+  for (const req of w.requests) ev.at(req.at, () => dispatch(req, new Set()));
+  ev.at(w.durationMs * KILL_AT, () => {
+    const victim = workers.get(KILLED)!;
+    alive = alive.filter((id) => id !== KILLED);
+    const { notStarted, streaming } = victim.kill();
+    inFlight.set(KILLED, 0);
+    for (const job of streaming) {
+      const a = attempts.get(job)!;
+      attempts.delete(job);
+      a.attempt.fail?.();
+      const tier: Tier =
+        a.req.tier === 'priority' || a.req.tier === 'flex' ? a.req.tier : 'default';
+      done({ id: a.req.id, tier, outTokens: 0, status: 'failed', good: false });
+    }
+    for (const job of notStarted) {
+      const a = attempts.get(job)!;
+      attempts.delete(job);
+      a.attempt.fail?.();
+      dispatch(a.req, new Set([...a.tried, KILLED]));
+    }
+  });
+  ev.run();
+  let promptTokens = 0;
+  let cachedTokens = 0;
+  for (const wk of workers.values()) {
+    promptTokens += wk.promptTokens;
+    cachedTokens += wk.cachedTokens;
+  }
+  return { results, promptTokens, cachedTokens, endMs, chosen };
+}
+
+function quantile(xs: number[], q: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))]!;
+}
+
+interface Summary {
+  ttftP50: number;
+  ttftP99: number;
+  tpotP50: number;
+  throughput: number;
+  tokensPerS: number;
+  cacheHit: number;
+  goodput: number;
+  failed: number;
+  rejected: number;
+  n: number;
+}
+
+function summarize(rs: Result[], run: RunStats, durationMs: number): Summary {
+  const ok = rs.filter((r) => r.status === 'ok');
+  const span = Math.max(durationMs, run.endMs) / 1000;
+  return {
+    ttftP50: quantile(
+      ok.map((r) => r.ttftMs!),
+      0.5,
+    ),
+    ttftP99: quantile(
+      ok.map((r) => r.ttftMs!),
+      0.99,
+    ),
+    tpotP50: quantile(
+      ok.map((r) => r.tpotMs!),
+      0.5,
+    ),
+    throughput: ok.length / span,
+    tokensPerS: ok.reduce((a, r) => a + r.outTokens, 0) / span,
+    cacheHit: run.promptTokens ? run.cachedTokens / run.promptTokens : 0,
+    goodput: rs.length ? rs.filter((r) => r.good).length / rs.length : 0,
+    failed: rs.filter((r) => r.status === 'failed').length,
+    rejected: rs.filter((r) => r.status === 'rejected').length,
+    n: rs.length,
+  };
+}
+
+function mean(xs: number[]): number {
+  return xs.reduce((a, b) => a + b, 0) / xs.length;
+}
+
+function meanSummary(ss: Summary[]): Summary {
+  const keys = Object.keys(ss[0]!) as Array<keyof Summary>;
+  const out = {} as Summary;
+  for (const k of keys) out[k] = mean(ss.map((s) => s[k]));
+  return out;
+}
+
+const f0 = (x: number): string => (Number.isFinite(x) ? Math.round(x).toLocaleString('en') : '–');
+const f1 = (x: number): string => (Number.isFinite(x) ? x.toFixed(1) : '–');
+const pct = (x: number): string => `${(100 * x).toFixed(1)} %`;
+
+function main(): void {
+  const { values } = parseArgs({
+    options: {
+      seeds: { type: 'string', default: '5' },
+      duration: { type: 'string', default: '180' },
+      quick: { type: 'boolean', default: false },
+      only: { type: 'string' },
+      debug: { type: 'boolean', default: false },
+    },
+  });
+  const seeds = values.quick ? 1 : Number(values.seeds);
+  const durationMs = (values.quick ? 30 : Number(values.duration)) * 1000;
+  const names = values.only ? WORKLOADS.filter((n) => n === values.only) : [...WORKLOADS];
+  const t0 = performance.now();
+  const report: Record<string, Record<string, Summary & { perTier: Record<string, Summary> }>> = {};
+  const lines: string[] = [];
+  const verdicts: string[] = [];
+  for (const name of names) {
+    const perPolicy = new Map<string, { all: Summary[]; tiers: Record<string, Summary[]> }>();
+    let requests = 0;
+    const mae = new Map<string, number[]>();
+    for (let seed = 1; seed <= seeds; seed++) {
+      const w = makeWorkload(name, seed, durationMs);
+      requests += w.requests.length;
+      for (const p of allPolicies()) {
+        const run = simulate(w, p);
+        if (p instanceof Switchyard) {
+          const list = mae.get(p.name) ?? [];
+          list.push(p.scorer.index.predictionStats().meanAbsErrorTokens);
+          mae.set(p.name, list);
+        }
+        if (values.debug && p instanceof Switchyard) {
+          const ix = p.scorer.index;
+          console.error(
+            name,
+            seed,
+            JSON.stringify(ix.predictionStats()),
+            ix.charsPerToken.toFixed(2),
+          );
+          console.error(
+            p.scorer
+              .snapshot()
+              .map(
+                (s) =>
+                  `${s.workerId} m=${s.msPerToken?.toFixed(3)} b=${s.tpotBaseMs?.toFixed(1)} cap=${ix.capacityOf(s.workerId)} size=${ix.sizeOf(s.workerId)}`,
+              )
+              .join('\n'),
+          );
+          console.error(JSON.stringify(run.chosen));
+        }
+        const entry = perPolicy.get(p.name) ?? { all: [], tiers: {} };
+        entry.all.push(summarize(run.results, run, durationMs));
+        for (const tier of ['priority', 'default', 'flex'] as const) {
+          const rs = run.results.filter((r) => r.tier === tier);
+          if (rs.length) (entry.tiers[tier] ??= []).push(summarize(rs, run, durationMs));
+        }
+        perPolicy.set(p.name, entry);
+      }
+    }
+    lines.push(
+      `\n### ${name} (${Math.round(requests / seeds)} requests per seed, ${seeds} seeds)\n`,
+      '| policy | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | req/s | output tok/s | cache hit | goodput | failed | 429 |',
+      '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    );
+    report[name] = {};
+    for (const [policy, e] of perPolicy) {
+      const s = meanSummary(e.all);
+      const perTier: Record<string, Summary> = {};
+      for (const [t, ss] of Object.entries(e.tiers)) perTier[t] = meanSummary(ss);
+      report[name][policy] = { ...s, perTier };
+      lines.push(
+        `| ${policy} | ${f0(s.ttftP50)} | ${f0(s.ttftP99)} | ${f1(s.tpotP50)} | ${f1(s.throughput)} | ${f0(s.tokensPerS)} | ${pct(s.cacheHit)} | ${pct(s.goodput)} | ${f1(s.failed)} | ${f1(s.rejected)} |`,
+      );
+    }
+    if (name === 'slo-mix') {
+      lines.push(
+        '\nPer tier (TTFT p99 ms / goodput):\n',
+        '| policy | priority | default | flex |',
+        '| --- | ---: | ---: | ---: |',
+      );
+      for (const [policy, r] of Object.entries(report[name])) {
+        const cell = (t: string): string => {
+          const s = r.perTier[t];
+          return s ? `${f0(s.ttftP99)} / ${pct(s.goodput)}` : '–';
+        };
+        lines.push(`| ${policy} | ${cell('priority')} | ${cell('default')} | ${cell('flex')} |`);
+      }
+    }
+    if (name !== 'prefix-free') {
+      lines.push(
+        `\nPrefix index, mean |predicted − reported cached_tokens| per request: ${[...mae]
+          .map(([p, xs]) => `${p} ${f1(mean(xs))} tokens`)
+          .join(', ')}.`,
+      );
+    }
+    const sy = report[name]['switchyard']!;
+    const base = Object.entries(report[name]).filter(([p]) => !p.startsWith('switchyard'));
+    const prefixHeavy = name !== 'prefix-free';
+    if (prefixHeavy) {
+      const bestP99 = Math.min(...base.map(([, s]) => s.ttftP99));
+      const bestGood = Math.max(...base.map(([, s]) => s.goodput));
+      const cut = 1 - sy.ttftP99 / bestP99;
+      const met = cut >= 0.3 && sy.goodput > bestGood;
+      verdicts.push(
+        `| ${name} | p99 TTFT ${pct(cut)} below the best baseline; goodput ${pct(sy.goodput)} vs best baseline ${pct(bestGood)} | ${met ? 'met' : 'not met'} |`,
+      );
+    } else {
+      const lq = report[name]['least-queue']!;
+      const d99 = sy.ttftP99 / lq.ttftP99 - 1;
+      const dGood = sy.goodput - lq.goodput;
+      const met = d99 <= 0.05 && dGood >= -0.05 * lq.goodput;
+      verdicts.push(
+        `| ${name} | p99 TTFT ${d99 >= 0 ? '+' : ''}${pct(d99)} vs least-queue; goodput ${pct(sy.goodput)} vs ${pct(lq.goodput)} | ${met ? 'met' : 'not met'} |`,
+      );
+    }
+  }
+  lines.push(
+    '\n### Targets\n',
+    '| workload | switchyard | target |',
+    '| --- | --- | --- |',
+    ...verdicts,
+  );
+  const secs = (performance.now() - t0) / 1000;
+  console.log(lines.join('\n'));
+  console.log(
+    `\n(${names.length} workloads × ${seeds} seeds × ${allPolicies().length} policies in ${secs.toFixed(1)} s)`,
+  );
+  mkdirSync('bench/results', { recursive: true });
+  const file = `bench/results/routing-${new Date().toISOString().replace(/[:.]/g, '-')}.json`;
+  writeFileSync(file, JSON.stringify({ seeds, durationMs, workers: WORKERS, report }, null, 2));
+  console.log(`wrote ${file}`);
+}
+
+main();

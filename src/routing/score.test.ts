@@ -1,0 +1,228 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { PrefixIndex } from './prefix-index.js';
+import {
+  admissionLimit,
+  admits,
+  scoreWorker,
+  tierRank,
+  WorkerScorer,
+  type Candidate,
+  type PoolView,
+  type RouteRequest,
+  type WorkerView,
+} from './score.js';
+
+const pool: PoolView = { msPerToken: 0.5, tpotBaseMs: 20, meanWorkTokens: 500 };
+const idle = (id: string, extra: Partial<WorkerView> = {}): WorkerView => ({
+  id,
+  pendingPrefillTokens: 0,
+  running: 0,
+  ...extra,
+});
+const req = { promptTokens: 2000, slo: {} };
+const best = (...scores: ReturnType<typeof scoreWorker>[]): string =>
+  scores.reduce((a, b) => (b.score > a.score ? b : a)).workerId;
+
+describe('scoreWorker: each term moves the choice', () => {
+  it('load: more pending prefill work or exported waiting loses', () => {
+    assert.equal(
+      best(
+        scoreWorker(idle('a', { pendingPrefillTokens: 3000 }), req, 0, pool),
+        scoreWorker(idle('b'), req, 0, pool),
+      ),
+      'b',
+    );
+    assert.equal(
+      best(
+        scoreWorker(idle('a', { exportedWaiting: 4 }), req, 0, pool),
+        scoreWorker(idle('b', { exportedWaiting: 1 }), req, 0, pool),
+      ),
+      'b',
+    );
+    // Running sequences raise the predicted TPOT.
+    assert.equal(
+      best(
+        scoreWorker(idle('a', { running: 60 }), req, 0, pool),
+        scoreWorker(idle('b', { running: 2 }), req, 0, pool),
+      ),
+      'b',
+    );
+  });
+
+  it('KV pressure: above the knee the fuller worker loses; below it, no effect', () => {
+    assert.equal(
+      best(
+        scoreWorker(idle('a', { kvCacheUsage: 0.97 }), req, 0, pool),
+        scoreWorker(idle('b', { kvCacheUsage: 0.5 }), req, 0, pool),
+      ),
+      'b',
+    );
+    const low = scoreWorker(idle('a', { kvCacheUsage: 0.1 }), req, 0, pool);
+    const mid = scoreWorker(idle('b', { kvCacheUsage: 0.7 }), req, 0, pool);
+    assert.equal(low.cost, mid.cost);
+  });
+
+  it('prefix affinity: the worker holding the prefix wins, until its queue costs more', () => {
+    assert.equal(
+      best(scoreWorker(idle('a'), req, 0, pool), scoreWorker(idle('b'), req, 1500, pool)),
+      'b',
+    );
+    // 1,500 cached tokens are worth 1,500 tokens of queued work, not more.
+    assert.equal(
+      best(
+        scoreWorker(idle('a'), req, 0, pool),
+        scoreWorker(idle('b', { pendingPrefillTokens: 2000 }), req, 1500, pool),
+      ),
+      'a',
+    );
+  });
+
+  it('observed speed: a worker with a higher learned ms/token loses', () => {
+    assert.equal(
+      best(
+        scoreWorker(idle('slow', { msPerToken: 0.75 }), req, 0, pool),
+        scoreWorker(idle('fast', { msPerToken: 0.5 }), req, 0, pool),
+      ),
+      'fast',
+    );
+  });
+
+  it('SLO fit: a TTFT target steers to the worker predicted to meet it', () => {
+    // Without an SLO the cheaper-overall worker (short TPOT) wins despite a slower TTFT…
+    const a = idle('a', { msPerToken: 0.5, tpotBaseMs: 10 });
+    const b = idle('b', { msPerToken: 0.4, tpotBaseMs: 80 });
+    assert.equal(best(scoreWorker(a, req, 0, pool), scoreWorker(b, req, 0, pool)), 'a');
+    // …with X-SLO-TTFT-Ms 1000 only b (predicted ≈ 826 ms) meets it.
+    const slo = { promptTokens: 2000, slo: { ttftMs: 1000 } };
+    const sa = scoreWorker(a, slo, 0, pool);
+    const sb = scoreWorker(b, slo, 0, pool);
+    assert.ok(sa.predictedTtftMs > 1000 && sb.predictedTtftMs < 1000);
+    assert.equal(best(sa, sb), 'b');
+    // A TPOT target works the same way.
+    const tpot = { promptTokens: 2000, slo: { tpotMs: 30 } };
+    assert.equal(best(scoreWorker(a, tpot, 0, pool), scoreWorker(b, tpot, 0, pool)), 'a');
+  });
+});
+
+describe('tier admission', () => {
+  it('flex stops at 85 % of maxInFlight, default at 100 %, priority at 115 %', () => {
+    assert.equal(admissionLimit(100, 'flex'), 85);
+    assert.equal(admissionLimit(100, 'default'), 100);
+    assert.equal(admissionLimit(100, 'auto'), 100);
+    assert.equal(admissionLimit(100, 'priority'), 115);
+    assert.equal(admits(90, 100, 'flex'), false);
+    assert.equal(admits(90, 100, 'default'), true);
+    assert.equal(admits(105, 100, 'default'), false);
+    assert.equal(admits(105, 100, 'priority'), true);
+    assert.ok(tierRank('priority') > tierRank('default') && tierRank('default') > tierRank('flex'));
+    assert.equal(tierRank('auto'), tierRank('default'));
+  });
+});
+
+describe('WorkerScorer', () => {
+  const candidates: Candidate[] = [{ id: 'w1' }, { id: 'w2' }];
+  const make = (maxInFlight = 10): WorkerScorer =>
+    new WorkerScorer({ index: new PrefixIndex({ blockChars: 16, charsPerToken: 4 }), maxInFlight });
+  const request = (
+    s: WorkerScorer,
+    text: string,
+    extra: Partial<RouteRequest> = {},
+  ): RouteRequest => ({
+    blocks: s.index.blocks(text),
+    slo: {},
+    tier: 'default',
+    ...extra,
+  });
+  const prompt = 'shared system prompt '.repeat(200);
+
+  it('spreads cold requests and sends a repeated prefix back to its worker', () => {
+    const s = make();
+    const first = s.choose(candidates, request(s, prompt + 'question one'));
+    assert.ok(first.ok);
+    s.finish(first.route, { ttftMs: 100, tpotMs: 20, promptTokens: 1000, cachedTokens: 0 });
+    const again = s.choose(candidates, request(s, prompt + 'question two'));
+    assert.ok(again.ok);
+    assert.equal(again.route.workerId, first.route.workerId);
+    assert.ok(again.route.predictedCachedTokens > 900);
+  });
+
+  it('a flex request is refused (capacity_exceeded) before default, default before priority', () => {
+    const s = make(10);
+    const routes = [];
+    for (let i = 0; i < 18; i++) {
+      const c = s.choose(candidates, request(s, `p${i}`));
+      assert.ok(c.ok);
+      routes.push(c.route);
+    }
+    // 9 in flight per worker: flex (limit 8) is refused, default (10) admitted.
+    const flex = s.choose(candidates, request(s, 'x', { tier: 'flex' }));
+    assert.deepEqual(flex, { ok: false, code: 'capacity_exceeded', retryAfterMs: 1000 });
+    assert.ok(s.choose(candidates, request(s, 'y')).ok);
+    assert.ok(s.choose(candidates, request(s, 'z')).ok);
+    assert.equal(s.choose(candidates, request(s, 'd')).ok, false);
+    assert.ok(s.choose(candidates, request(s, 'q', { tier: 'priority' })).ok);
+    // Finishing frees a slot again.
+    for (const r of routes) s.finish(r, { ttftMs: 10 });
+    assert.equal(s.choose(candidates, request(s, 'e', { tier: 'flex' })).ok, true);
+  });
+
+  it('excluded or missing workers give unavailable, not capacity_exceeded', () => {
+    const s = make();
+    const c = s.choose(candidates, request(s, 'x'), new Set(['w1', 'w2']));
+    assert.equal(c.ok, false);
+    assert.equal(!c.ok && c.code, 'unavailable');
+  });
+
+  it('learns a slow worker from observed TTFT and routes away from it', () => {
+    const s = make(1000);
+    for (let i = 0; i < 20; i++) {
+      const c = s.choose(candidates, request(s, `unique prompt ${i} `.repeat(50)));
+      assert.ok(c.ok);
+      const slow = c.route.workerId === 'w2';
+      s.finish(c.route, { ttftMs: slow ? 600 : 200, tpotMs: slow ? 30 : 20, promptTokens: 250 });
+    }
+    let w2 = 0;
+    for (let i = 0; i < 10; i++) {
+      const c = s.choose(candidates, request(s, `fresh ${i} `.repeat(50)));
+      assert.ok(c.ok);
+      if (c.route.workerId === 'w2') w2++;
+      s.fail(c.route);
+    }
+    assert.equal(w2, 0);
+    const snap = s.snapshot();
+    assert.ok(
+      snap.find((x) => x.workerId === 'w2')!.msPerToken! >
+        snap.find((x) => x.workerId === 'w1')!.msPerToken!,
+    );
+  });
+
+  it('pending prefill work leaves at the first token; failures release everything', () => {
+    const s = make();
+    const c = s.choose(candidates, request(s, prompt));
+    assert.ok(c.ok);
+    const id = c.route.workerId;
+    assert.ok(s.snapshot().find((x) => x.workerId === id)!.pendingPrefillTokens > 0);
+    s.firstToken(c.route);
+    const after = s.snapshot().find((x) => x.workerId === id)!;
+    assert.equal(after.pendingPrefillTokens, 0);
+    assert.equal(after.running, 1);
+    s.fail(c.route);
+    s.fail(c.route);
+    assert.equal(s.inFlight(id), 0);
+    assert.equal(s.snapshot().find((x) => x.workerId === id)!.running, 0);
+  });
+
+  it('feeds reported cached_tokens back into the prefix index', () => {
+    const s = make();
+    const a = s.choose(candidates, request(s, prompt + 'a'));
+    assert.ok(a.ok);
+    s.finish(a.route, { ttftMs: 50, promptTokens: 1000, cachedTokens: 0 });
+    const b = s.choose(candidates, request(s, prompt + 'b'));
+    assert.ok(b.ok);
+    s.finish(b.route, { ttftMs: 50, promptTokens: 1000, cachedTokens: 0 });
+    const st = s.index.predictionStats();
+    assert.equal(st.observations, 2);
+    assert.equal(st.overPredicted, 1, 'the second request was predicted cached but was not');
+  });
+});
