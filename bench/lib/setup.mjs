@@ -41,7 +41,7 @@ export async function register({ routerUrl, token, workerUrl }) {
     model: MODEL,
     tier: TIER,
     max_requests_per_minute: 100_000_000,
-    // The column is int4: values above 2^31-1 fail with a 500 (reported, not ours to fix).
+    // At most 2^31-1 (the column is int4; larger values get a 400).
     max_tokens_per_minute: 1_000_000_000,
   });
   if (endpoint.status !== 'active') {

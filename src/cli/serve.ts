@@ -124,6 +124,8 @@ export async function serve(argv: string[]): Promise<number> {
   // invocation timeout backstop). Every transition is a conditional update in
   // one transaction, so several instances ticking at once emit each event once.
   if (roles.has('api') || roles.has('broker')) services.exec.start();
+  // Worker health, live load signals and endpoint provisioning, where requests are routed.
+  if (roles.has('api')) services.monitor.start();
 
   await app.listen({ port: config.port, host: config.host });
   let baseUrl = config.baseUrl;

@@ -1,10 +1,22 @@
 /**
  * `switchyard worker`: an inference worker speaking the OpenAI wire format.
  * Engines: `sim` (simulator for tests and benchmarks) and `llama` (llama.cpp).
+ *
+ * `--register <router-url>` with `--token` (or SWITCHYARD_WORKER_TOKEN)
+ * registers it with a router, heartbeats, and deregisters on SIGTERM
+ * (workers/registration.ts); `--tier`, `--advertise-url` (default: the listen
+ * URL) and `--capacity` go with the registration.
  */
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import { systemClock } from '../runtime/clock.js';
+import { RegistrationError, WorkerRegistration } from '../workers/registration.js';
 import { startSimWorker } from '../workers/sim/server.js';
+import { otlpEndpointFromEnv } from '../config/index.js';
+import { TIER_IDS } from '../tiers/index.js';
+
+/** How long SIGTERM waits for the router to acknowledge deregistration. */
+const DEREGISTER_WAIT_MS = 3000;
 
 function num(name: string, raw: string | undefined, def: number): number {
   if (raw === undefined) return def;
@@ -26,9 +38,95 @@ export async function worker(argv: string[]): Promise<number> {
       'context-window': { type: 'string' },
       register: { type: 'string' },
       token: { type: 'string' },
+      tier: { type: 'string', default: 'cpu' },
+      'advertise-url': { type: 'string' },
+      capacity: { type: 'string' },
     },
     strict: true,
   });
+  const token = values.token ?? process.env.SWITCHYARD_WORKER_TOKEN;
+  if (values.register) {
+    if (!token) {
+      process.stderr.write(
+        'switchyard worker: --register needs --token or SWITCHYARD_WORKER_TOKEN\n',
+      );
+      return 2;
+    }
+    if (!(TIER_IDS as readonly string[]).includes(values.tier)) {
+      process.stderr.write(`switchyard worker: --tier must be one of ${TIER_IDS.join(', ')}\n`);
+      return 2;
+    }
+    const adv = values['advertise-url'];
+    if (adv === undefined && (values.host === '0.0.0.0' || values.host === '::')) {
+      process.stderr.write(
+        'switchyard worker: listening on a wildcard address; set --advertise-url\n',
+      );
+      return 2;
+    }
+    if (adv !== undefined && !/^https?:\/\/[^/]+(\/.*)?\/v1\/?$/.test(adv)) {
+      process.stderr.write('switchyard worker: --advertise-url must be http(s)://…/v1\n');
+      return 2;
+    }
+  }
+  const capacity =
+    values.capacity !== undefined ? Math.floor(num('capacity', values.capacity, 0)) : undefined;
+  /** Registers when asked, then serves until SIGTERM/SIGINT (deregistering first). */
+  const serve = async (
+    w: { url: string; close(): Promise<void> },
+    model: string,
+  ): Promise<number> => {
+    let registration: WorkerRegistration | null = null;
+    if (values.register) {
+      registration = new WorkerRegistration({
+        routerUrl: values.register,
+        token: token!,
+        model,
+        tier: values.tier,
+        url: (values['advertise-url'] ?? w.url).replace(/\/$/, ''),
+        ...(capacity ? { capacity } : {}),
+        clock: systemClock,
+        log: (line) => process.stdout.write(`switchyard worker: ${line}\n`),
+      });
+      try {
+        await registration.start();
+      } catch (err) {
+        const why = err instanceof RegistrationError ? err.message : String(err);
+        process.stderr.write(`switchyard worker: ${why}\n`);
+        await w.close();
+        await stopTracing();
+        return 2;
+      }
+    }
+    let stopping = false;
+    const stop = () => {
+      if (stopping) return;
+      stopping = true;
+      // Deregister first so the router stops sending requests, then close.
+      const deregistered = registration
+        ? Promise.race([
+            registration.stop(),
+            new Promise<void>((r) => setTimeout(r, DEREGISTER_WAIT_MS).unref()),
+          ])
+        : Promise.resolve();
+      void deregistered
+        .then(() => w.close())
+        .then(stopTracing)
+        .then(() => process.exit(0));
+    };
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+    return new Promise<number>(() => undefined);
+  };
+  // OpenTelemetry when an OTLP endpoint is configured (runtime/tracing).
+  const otlp = otlpEndpointFromEnv(process.env);
+  const tracing = otlp
+    ? (await import('../runtime/tracing.js')).Tracing.start({
+        endpoint: otlp,
+        serviceName: process.env.OTEL_SERVICE_NAME || 'switchyard-worker',
+      })
+    : null;
+  const stopTracing = () =>
+    tracing ? tracing.shutdown().catch(() => undefined) : Promise.resolve();
   if (values.engine === 'llama') {
     const { buildDemoModel, DEMO_MODEL_FILE, DEMO_MODEL_NAME, startLlamaWorker } =
       await import('../workers/llama/index.js');
@@ -44,23 +142,17 @@ export async function worker(argv: string[]): Promise<number> {
       host: values.host,
       port: num('port', values.port, 8000),
       modelPath,
+      tracing,
       ...(modelName ? { modelName } : {}),
       ...(values['context-window']
         ? { contextSize: num('context-window', values['context-window'], 4096) }
         : {}),
     });
     process.stdout.write(`switchyard worker (llama) serving ${w.url}\n`);
-    const stopLlama = () => void w.close().then(() => process.exit(0));
-    process.on('SIGTERM', stopLlama);
-    process.on('SIGINT', stopLlama);
-    return new Promise<number>(() => undefined);
+    return serve(w, w.engine.info().modelName);
   }
   if (values.engine !== 'sim') {
     process.stderr.write(`switchyard worker: unknown engine '${values.engine}' (sim|llama)\n`);
-    return 2;
-  }
-  if (values.register) {
-    process.stderr.write('switchyard worker: --register is not yet available (issue #7)\n');
     return 2;
   }
   const w = await startSimWorker({
@@ -70,10 +162,8 @@ export async function worker(argv: string[]): Promise<number> {
     ttftMs: num('ttft-ms', values['ttft-ms'], 0),
     tpotMs: num('tpot-ms', values['tpot-ms'], 0),
     contextWindow: num('context-window', values['context-window'], 4096),
+    tracing,
   });
   process.stdout.write(`switchyard worker (sim) serving ${w.url}\n`);
-  const stop = () => void w.close().then(() => process.exit(0));
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
-  return new Promise<number>(() => undefined);
+  return serve(w, values.model ?? 'switchyard-sim');
 }

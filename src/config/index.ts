@@ -33,6 +33,18 @@ export interface Config {
   routeCacheTtlMs: number;
   /** Requests in flight from one router to one worker before it counts as saturated. */
   workerMaxInFlight: number;
+  /** Token `switchyard worker --register` presents; unset = self-registration off. */
+  workerToken: string | undefined;
+  /** Worker monitor period: /metrics scrape, health check, heartbeat sweep (ms; 0 = off). */
+  workerScrapeMs: number;
+  /** Heartbeat period self-registered workers are told to keep (ms). */
+  workerHeartbeatMs: number;
+  /** Heartbeat periods missed before a self-registered worker is unhealthy. */
+  workerMissedHeartbeats: number;
+  /** Time without a heartbeat before a self-registered worker is removed (ms). */
+  workerExpireMs: number;
+  /** Consecutive failed health checks before a worker is unhealthy. */
+  workerFailedChecks: number;
   /** Largest accepted request body (413 `payload_too_large` above it). */
   maxBodyBytes: number;
   /** TLS served by the router itself (both set), reloaded when the files change. */
@@ -40,6 +52,9 @@ export interface Config {
   tlsKeyFile: string | undefined;
   /** How long SIGTERM waits for in-flight requests and streams before ending them. */
   drainMs: number;
+  /** OTLP/HTTP endpoint for OpenTelemetry traces; unset = tracing off. */
+  otlpEndpoint: string | undefined;
+  otelServiceName: string;
   /** When the limiter backend (Redis) fails: admit (`open`, default) or 503 (`closed`). */
   limitsFailClosed: boolean;
   /** Webhook schedule overrides, for tests and drills only (the spec's values by default). */
@@ -126,10 +141,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dbPoolSize: int(env, 'SWITCHYARD_DB_POOL_SIZE', 10, 1),
     routeCacheTtlMs: int(env, 'SWITCHYARD_ROUTE_CACHE_TTL_MS', 1_000, 0),
     workerMaxInFlight: int(env, 'SWITCHYARD_WORKER_MAX_INFLIGHT', 256, 1),
+    workerToken: nonEmpty(env.SWITCHYARD_WORKER_TOKEN),
+    workerScrapeMs: int(env, 'SWITCHYARD_WORKER_SCRAPE_MS', 1_000, 0),
+    workerHeartbeatMs: int(env, 'SWITCHYARD_WORKER_HEARTBEAT_MS', 5_000, 100),
+    workerMissedHeartbeats: int(env, 'SWITCHYARD_WORKER_MISSED_HEARTBEATS', 3, 1),
+    workerExpireMs: int(env, 'SWITCHYARD_WORKER_EXPIRE_MS', 60_000, 1_000),
+    workerFailedChecks: int(env, 'SWITCHYARD_WORKER_FAILED_CHECKS', 3, 1),
     maxBodyBytes: int(env, 'SWITCHYARD_MAX_BODY_BYTES', 4 * 1024 * 1024, 1024),
     tlsCertFile: nonEmpty(env.SWITCHYARD_TLS_CERT_FILE),
     tlsKeyFile: nonEmpty(env.SWITCHYARD_TLS_KEY_FILE),
     drainMs: int(env, 'SWITCHYARD_DRAIN_MS', 30_000, 0),
+    otlpEndpoint: otlpEndpointFromEnv(env),
+    otelServiceName: env.OTEL_SERVICE_NAME || 'switchyard',
     limitsFailClosed: env.SWITCHYARD_LIMITS_FAIL === 'closed',
     webhookRetryDelaysMs: env.SWITCHYARD_WEBHOOK_RETRY_DELAYS_MS
       ? list(env.SWITCHYARD_WEBHOOK_RETRY_DELAYS_MS).map((v) => {
@@ -158,4 +181,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     execTickMs: int(env, 'SWITCHYARD_EXEC_TICK_MS', 1000, 10),
     execOutputMaxBytes: int(env, 'SWITCHYARD_EXEC_OUTPUT_MAX_BYTES', 65_536, 1024),
   };
+}
+
+/** The OTLP endpoint: Switchyard's setting, else the standard OpenTelemetry variables. */
+export function otlpEndpointFromEnv(env: NodeJS.ProcessEnv): string | undefined {
+  return (
+    nonEmpty(env.SWITCHYARD_OTLP_ENDPOINT) ??
+    nonEmpty(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) ??
+    nonEmpty(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+  );
 }

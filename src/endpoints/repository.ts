@@ -2,12 +2,16 @@
  * Inference endpoints: a project's slug bound to one model and one tier.
  * `toEndpointRecord` is the one place the spec's Endpoint shape is built.
  *
- * Status: `active` when a worker pool serves the (model, tier) pair,
+ * Status: `active` when a healthy worker serves the (model, tier) pair,
  * `provisioning` while none is registered, `suspended` by an operator, `error`
- * when provisioning failed. Deleted endpoints are soft-deleted and never listed.
+ * while workers are registered but none is healthy. The worker monitor keeps
+ * `status`, `provisioning_state` (`ready`, `waiting_for_worker`,
+ * `no_healthy_worker`) and `provisioned_worker_id` in step with the pool
+ * (`provisioningFor`, routing/monitor.ts); suspended endpoints are left alone.
+ * Deleted endpoints are soft-deleted and never listed.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, isNull } from 'drizzle-orm';
+import { and, asc, eq, inArray, isNull } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
@@ -118,6 +122,39 @@ export interface EndpointPatch {
   provisionedWorkerId?: string | null;
 }
 
+/** What an endpoint's record says about the pool serving it. */
+export interface Provisioning {
+  status: 'active' | 'provisioning' | 'error';
+  provisioningState: 'ready' | 'waiting_for_worker' | 'no_healthy_worker';
+  provisionedWorkerId: string | null;
+}
+
+/**
+ * The provisioning an endpoint should show, given the workers of its (model,
+ * tier): the current worker is kept while it stays healthy, so the record
+ * does not churn as load moves between workers.
+ */
+export function provisioningFor(
+  pool: { healthy: readonly string[]; registered: number },
+  current: string | null,
+): Provisioning {
+  if (pool.healthy.length > 0) {
+    return {
+      status: 'active',
+      provisioningState: 'ready',
+      provisionedWorkerId: current && pool.healthy.includes(current) ? current : pool.healthy[0]!,
+    };
+  }
+  if (pool.registered > 0) {
+    return { status: 'error', provisioningState: 'no_healthy_worker', provisionedWorkerId: null };
+  }
+  return {
+    status: 'provisioning',
+    provisioningState: 'waiting_for_worker',
+    provisionedWorkerId: null,
+  };
+}
+
 export class EndpointRepository {
   constructor(private readonly db: Db) {}
 
@@ -180,6 +217,55 @@ export class EndpointRepository {
       )
       .returning({ id: endpoints.id });
     return rows.length > 0;
+  }
+
+  /**
+   * Brings every non-suspended endpoint's provisioning in line with its pool
+   * (`pools` by `<model id>:<tier>`); returns how many records changed.
+   */
+  async reconcileProvisioning(
+    pools: ReadonlyMap<string, { healthy: readonly string[]; registered: number }>,
+  ): Promise<number> {
+    const rows = await this.db
+      .select({
+        id: endpoints.id,
+        modelId: endpoints.modelId,
+        tierId: endpoints.tierId,
+        status: endpoints.status,
+        provisioningState: endpoints.provisioningState,
+        provisionedWorkerId: endpoints.provisionedWorkerId,
+      })
+      .from(endpoints)
+      .where(
+        and(
+          isNull(endpoints.deletedAt),
+          inArray(endpoints.status, ['active', 'provisioning', 'error']),
+        ),
+      );
+    let changed = 0;
+    for (const e of rows) {
+      const want = provisioningFor(
+        pools.get(`${e.modelId}:${e.tierId}`) ?? { healthy: [], registered: 0 },
+        e.provisionedWorkerId,
+      );
+      if (
+        want.status === e.status &&
+        want.provisioningState === e.provisioningState &&
+        want.provisionedWorkerId === e.provisionedWorkerId
+      ) {
+        continue;
+      }
+      // Guarded by the status read, so an operator's concurrent suspension wins.
+      const done = await this.db
+        .update(endpoints)
+        .set(want)
+        .where(
+          and(eq(endpoints.id, e.id), eq(endpoints.status, e.status), isNull(endpoints.deletedAt)),
+        )
+        .returning({ id: endpoints.id });
+      changed += done.length;
+    }
+    return changed;
   }
 
   /** Endpoints waiting for a worker of (model, tier) become active once one exists. */

@@ -10,6 +10,7 @@ import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
 import { execRoutes } from '../exec/routes.js';
 import { billingRoutes } from '../billing/routes.js';
+import { registrationRoutes } from '../operator/registration.js';
 import { operatorRoutes } from '../operator/routes.js';
 import { projectRoutes } from '../projects/routes.js';
 import type { Services } from '../runtime/services.js';
@@ -104,6 +105,7 @@ export async function buildApp(
 
   if (opts.routes === false) return app;
   await app.register(operatorRoutes(services), { prefix: '/admin/v1' });
+  await app.register(registrationRoutes(services), { prefix: '/admin/v1' });
   await app.register(projectRoutes(services));
   await app.register(keyRoutes(services));
   await app.register(webhookRoutes(services));

@@ -198,7 +198,9 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
     app.delete<{ Params: { id: string } }>('/workers/:id', async (request) => {
       const ok = await s.workers.remove(request.params.id);
       if (!ok) throw new ServiceError('worker_not_found', { param: 'id' });
+      s.monitor.forget(request.params.id);
       await s.bus.publish('workers', request.params.id);
+      await s.monitor.reconcile();
       return { id: request.params.id, object: 'worker', deleted: true };
     });
 

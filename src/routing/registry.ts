@@ -1,17 +1,23 @@
 /**
  * The worker registry: inference workers per (model, tier), registered
- * statically by the operator or started embedded by the router. A worker is
- * any server speaking the OpenAI wire format, registered by its base URL
- * including `/v1`.
+ * statically by the operator, started embedded by the router, or
+ * self-registered (`switchyard worker --register`, source `registered`) with
+ * heartbeats. A worker is any server speaking the OpenAI wire format,
+ * registered by its base URL including `/v1`.
+ *
+ * `status` is the routing truth shared by every router on the database:
+ * `healthy` workers are candidates, `unhealthy` ones are not (missed
+ * heartbeats, failed health checks; see monitor.ts), `draining` ones are not.
  */
 import { randomBytes } from 'node:crypto';
-import { and, asc, eq } from 'drizzle-orm';
+import { and, asc, eq, ne } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
 const { workers, models } = tables;
 
 export type WorkerSource = 'static' | 'registered' | 'embedded';
+export type WorkerStatus = 'healthy' | 'unhealthy' | 'draining';
 
 export interface WorkerRecord {
   id: string;
@@ -22,6 +28,8 @@ export interface WorkerRecord {
   source: string;
   status: string;
   lastHeartbeatAt: Date | null;
+  /** Requests the worker accepts at once, when it said so (self-registration). */
+  capacity: number | null;
   createdAt: Date;
 }
 
@@ -36,6 +44,7 @@ export function publicWorker(w: WorkerRecord) {
     source: w.source,
     status: w.status,
     last_heartbeat_at: w.lastHeartbeatAt ? Math.floor(w.lastHeartbeatAt.getTime() / 1000) : null,
+    capacity: w.capacity,
     created: Math.floor(w.createdAt.getTime() / 1000),
   };
 }
@@ -49,6 +58,7 @@ const columns = {
   source: workers.source,
   status: workers.status,
   lastHeartbeatAt: workers.lastHeartbeatAt,
+  capacity: workers.capacity,
   createdAt: workers.createdAt,
 };
 
@@ -61,15 +71,32 @@ export class WorkerRegistry {
 
   /** Inserts or replaces a worker (embedded workers re-register on every start). */
   async upsert(
-    input: { id: string; modelId: string; tierId: string; url: string; source: WorkerSource },
+    input: {
+      id: string;
+      modelId: string;
+      tierId: string;
+      url: string;
+      source: WorkerSource;
+      capacity?: number | null;
+    },
     now: Date,
   ): Promise<WorkerRecord> {
+    const heartbeat = input.source === 'registered' ? now : null;
+    const capacity = input.capacity ?? null;
     await this.db
       .insert(workers)
-      .values({ ...input, status: 'healthy', createdAt: now })
+      .values({ ...input, capacity, status: 'healthy', lastHeartbeatAt: heartbeat, createdAt: now })
       .onConflictDoUpdate({
         target: workers.id,
-        set: { modelId: input.modelId, tierId: input.tierId, url: input.url, status: 'healthy' },
+        set: {
+          modelId: input.modelId,
+          tierId: input.tierId,
+          url: input.url,
+          source: input.source,
+          capacity,
+          status: 'healthy',
+          lastHeartbeatAt: heartbeat,
+        },
       });
     const w = await this.get(input.id);
     if (!w) throw new Error('worker vanished after insert');
@@ -96,6 +123,44 @@ export class WorkerRegistry {
       .innerJoin(models, eq(models.id, workers.modelId))
       .where(conds.length ? and(...conds) : undefined)
       .orderBy(asc(workers.createdAt), asc(workers.id));
+  }
+
+  /** A self-registered worker already known by its (model, tier, url), to re-register in place. */
+  async findRegistered(modelId: string, tierId: string, url: string): Promise<WorkerRecord | null> {
+    const rows = await this.db
+      .select(columns)
+      .from(workers)
+      .innerJoin(models, eq(models.id, workers.modelId))
+      .where(
+        and(
+          eq(workers.modelId, modelId),
+          eq(workers.tierId, tierId),
+          eq(workers.url, url),
+          eq(workers.source, 'registered'),
+        ),
+      )
+      .limit(1);
+    return rows[0] ?? null;
+  }
+
+  /** Records a heartbeat; null when the worker is unknown (removed: it must register again). */
+  async heartbeat(id: string, now: Date): Promise<WorkerRecord | null> {
+    const rows = await this.db
+      .update(workers)
+      .set({ lastHeartbeatAt: now })
+      .where(and(eq(workers.id, id), eq(workers.source, 'registered')))
+      .returning({ id: workers.id });
+    return rows.length > 0 ? this.get(id) : null;
+  }
+
+  /** Sets the status; true when it changed (so callers publish only real transitions). */
+  async setStatus(id: string, status: WorkerStatus): Promise<boolean> {
+    const rows = await this.db
+      .update(workers)
+      .set({ status })
+      .where(and(eq(workers.id, id), ne(workers.status, status)))
+      .returning({ id: workers.id });
+    return rows.length > 0;
   }
 
   async remove(id: string): Promise<boolean> {

@@ -28,6 +28,7 @@ import { KeyRepository, KeyVerifier } from '../keys/index.js';
 import { KeyService } from '../keys/service.js';
 import { ModelRepository } from '../models/repository.js';
 import { ProjectRepository } from '../projects/repository.js';
+import { WorkerMonitor } from '../routing/monitor.js';
 import { WorkerPool } from '../routing/pool.js';
 import { WorkerRegistry } from '../routing/registry.js';
 import { openStore, type Store } from '../store/index.js';
@@ -35,8 +36,9 @@ import { loadTiers, type Tier, type TierId } from '../tiers/index.js';
 import type { Clock } from './clock.js';
 import { TtlCache } from './ttl-cache.js';
 import { Metrics } from './metrics.js';
+import type { Tracing } from './tracing.js';
 import { InvalidationBus } from './invalidation.js';
-import { connectRedis, redisReady, type Redis } from '../store/redis.js';
+import type { Redis } from '../store/redis.js';
 import type { Logger } from './logger.js';
 
 export interface Services {
@@ -57,6 +59,8 @@ export interface Services {
   endpointCache: TtlCache<Endpoint | null>;
   resolveEndpoint(projectId: string, slug: string): Promise<Endpoint | null> | Endpoint | null;
   pool: WorkerPool;
+  /** Scrapes workers' /metrics, keeps their health and endpoints' provisioning (started by serve). */
+  monitor: WorkerMonitor;
   upstream: UpstreamClient;
   usage: UsageRecorder;
   billing: BillingGate;
@@ -72,6 +76,8 @@ export interface Services {
    */
   exec: ExecService;
   metrics: Metrics;
+  /** OpenTelemetry traces; null unless an OTLP endpoint is configured. */
+  tracing: Tracing | null;
   /** Cancellers of open inference streams (graceful drain ends them with `cancelled`). */
   openStreams: Set<() => void>;
   /** Redis when REDIS_URL is set (limits, invalidation); null in the embedded default. */
@@ -108,18 +114,33 @@ export async function createServices(
   const endpoints = new EndpointRepository(store.db);
   const workers = new WorkerRegistry(store.db);
   const endpointCache = new TtlCache<Endpoint | null>(deps.clock, config.routeCacheTtlMs, 10_000);
-  const upstream = new UpstreamClient();
+  // One upstream connection per request a worker may have in flight (HTTP/1.1: one stream each).
+  const upstream = new UpstreamClient({ connections: config.workerMaxInFlight });
   const usage = new UsageRecorder(store.db, deps.logger);
-  const redis = config.redisUrl
-    ? connectRedis(config.redisUrl, { logger: deps.logger, name: 'commands', offlineQueue: false })
-    : null;
-  if (redis && !(await redisReady(redis, 3000))) {
+  // ioredis is loaded only when REDIS_URL is set (about 9 MiB of RSS otherwise).
+  const redisLib = config.redisUrl ? await import('../store/redis.js') : null;
+  const redis =
+    config.redisUrl && redisLib
+      ? redisLib.connectRedis(config.redisUrl, {
+          logger: deps.logger,
+          name: 'commands',
+          offlineQueue: false,
+        })
+      : null;
+  if (redis && redisLib && !(await redisLib.redisReady(redis, 3000))) {
     deps.logger.warn(
       'redis is not reachable yet; limits fail per SWITCHYARD_LIMITS_FAIL until it is',
     );
   }
   const limiter: LimiterBackend = redis ? new RedisLimiter(redis) : new MemoryLimiter();
   const metrics = new Metrics({ defaults: deps.defaultMetrics ?? false });
+  // OpenTelemetry only when an OTLP endpoint is configured (the SDK is not even loaded otherwise).
+  const tracing = config.otlpEndpoint
+    ? (await import('./tracing.js')).Tracing.start({
+        endpoint: config.otlpEndpoint,
+        serviceName: config.otelServiceName,
+      })
+    : null;
   const limits = new Limits(limiter, deps.clock, deps.logger, config.limitsFailClosed, metrics);
   const webhookPolicy = createAddressPolicy({ allowCidrs: config.webhookAllowCidrs });
   if (config.webhookAllowCidrs.length > 0) {
@@ -159,7 +180,11 @@ export async function createServices(
     ? await InvalidationBus.redis(
         redis,
         // The subscriber queues its SUBSCRIBE until connected and re-subscribes on reconnect.
-        connectRedis(config.redisUrl!, { offlineQueue: true, logger: deps.logger, name: 'pubsub' }),
+        redisLib!.connectRedis(config.redisUrl!, {
+          offlineQueue: true,
+          logger: deps.logger,
+          name: 'pubsub',
+        }),
         deps.logger,
       )
     : InvalidationBus.local(deps.logger);
@@ -172,7 +197,24 @@ export async function createServices(
     deps.clock,
     config.routeCacheTtlMs,
     config.workerMaxInFlight,
+    metrics,
   );
+  const monitor = new WorkerMonitor({
+    registry: workers,
+    endpoints,
+    pool,
+    clock: deps.clock,
+    metrics,
+    logger: deps.logger,
+    bus,
+    settings: {
+      intervalMs: config.workerScrapeMs,
+      heartbeatMs: config.workerHeartbeatMs,
+      missedHeartbeats: config.workerMissedHeartbeats,
+      expireMs: config.workerExpireMs,
+      failedChecks: config.workerFailedChecks,
+    },
+  });
   const projects = new ProjectRepository(store.db);
   const billing = new BillingGate(projects, deps.clock, config.routeCacheTtlMs);
   bus.on((m) => {
@@ -222,6 +264,7 @@ export async function createServices(
     resolveEndpoint: (projectId, slug) =>
       endpointCache.get(`${projectId}:${slug}`, () => endpoints.get(projectId, slug)),
     pool,
+    monitor,
     upstream,
     usage,
     billing,
@@ -233,11 +276,13 @@ export async function createServices(
     budgetAlerts,
     exec,
     metrics,
+    tracing,
     openStreams: new Set(),
     redis,
     bus,
     generatedAdminToken: generated,
     close: async () => {
+      await monitor.stop();
       await exec.stop();
       await dispatcher.stop();
       await usage.close();
@@ -245,6 +290,7 @@ export async function createServices(
       await limiter.close();
       await bus.close();
       await store.close();
+      await tracing?.shutdown();
     },
   };
 }

@@ -92,6 +92,8 @@ export const workers = pgTable(
     source: text('source').notNull().default('static'),
     status: text('status').notNull().default('healthy'),
     lastHeartbeatAt: timestamp('last_heartbeat_at', { withTimezone: true, mode: 'date' }),
+    /** Requests the worker accepts at once (self-registration); null: the router's default. */
+    capacity: integer('capacity'),
     createdAt: createdAt(),
   },
   (t) => [

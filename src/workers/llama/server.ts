@@ -20,6 +20,7 @@
 import { readBody as readBodyWith } from '../http-body.js';
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Tracing } from '../../runtime/tracing.js';
 import type { AddressInfo } from 'node:net';
 import { ServiceError } from '../../errors/index.js';
 import {
@@ -39,6 +40,8 @@ import {
 } from './wire.js';
 
 export interface LlamaWorkerOptions extends LlamaEngineOptions {
+  /** OpenTelemetry: a SERVER span per chat completion (see runtime/tracing). */
+  tracing?: Tracing | null;
   /** Default 127.0.0.1. */
   host?: string;
   /** 0 (default) picks a free port. */
@@ -141,6 +144,24 @@ export function renderMetrics(s: EngineStats): string {
     ['llamacpp:kv_cache_tokens', 'gauge', 'KV-cache tokens.', s.kvCacheTokens],
     ['llamacpp:requests_processing', 'gauge', 'Number of requests processing.', s.processing],
     ['llamacpp:requests_deferred', 'gauge', 'Number of requests deferred.', s.deferred],
+    [
+      'switchyard_worker_requests_running',
+      'gauge',
+      'Requests the worker is executing.',
+      s.processing,
+    ],
+    [
+      'switchyard_worker_requests_waiting',
+      'gauge',
+      'Requests queued in the worker, not yet running.',
+      s.deferred,
+    ],
+    [
+      'switchyard_worker_kv_cache_usage_ratio',
+      'gauge',
+      'KV-cache usage, 0-1.',
+      s.kvCacheCapacity > 0 ? s.kvCacheTokens / s.kvCacheCapacity : 0,
+    ],
     [
       'switchyard_llama_prompt_cached_tokens_total',
       'counter',
@@ -425,7 +446,14 @@ export function createLlamaHandler(
 /** Loads the model and serves it; resolves once the server is listening. */
 export async function startLlamaWorker(opts: LlamaWorkerOptions): Promise<LlamaWorker> {
   const engine = await LlamaEngine.load(opts);
-  const server = createServer({ keepAlive: true }, createLlamaHandler(engine, opts));
+  const server = createServer(
+    { keepAlive: true },
+    opts.tracing
+      ? opts.tracing.wrapListener(createLlamaHandler(engine, opts), {
+          'switchyard.engine': 'llama',
+        })
+      : createLlamaHandler(engine, opts),
+  );
   // The router keeps pooled keep-alive connections; don't drop idle ones early.
   server.keepAliveTimeout = 60_000;
   const host = opts.host ?? '127.0.0.1';

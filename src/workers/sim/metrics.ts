@@ -1,9 +1,11 @@
 /**
  * Prometheus text exposition of the sim engine's state under vLLM's metric names,
  * so the router's load scraping is tested against the names real workers expose.
- * Counters follow vLLM v1 (prefix-cache queries and hits count tokens). The only
- * non-vLLM series is `switchyard_sim_requests_aborted_total`, which lets tests see
- * that an upstream abort really reached the worker.
+ * Counters follow vLLM v1 (prefix-cache queries and hits count tokens). Besides
+ * them: the load gauges every `switchyard worker` exports under its own names
+ * (`switchyard_worker_requests_running`, `_requests_waiting`,
+ * `_kv_cache_usage_ratio`), and `switchyard_sim_requests_aborted_total`, which
+ * lets tests see that an upstream abort really reached the worker.
  */
 import type { SimEngineStats } from './engine.js';
 
@@ -66,6 +68,24 @@ export function renderMetrics(model: string, s: SimEngineStats): string {
       type: 'counter',
       help: 'Number of generation tokens processed.',
       value: s.generationTokens,
+    },
+    {
+      name: 'switchyard_worker_requests_running',
+      type: 'gauge',
+      help: 'Requests the worker is executing.',
+      value: s.running,
+    },
+    {
+      name: 'switchyard_worker_requests_waiting',
+      type: 'gauge',
+      help: 'Requests queued in the worker, not yet running.',
+      value: s.waiting,
+    },
+    {
+      name: 'switchyard_worker_kv_cache_usage_ratio',
+      type: 'gauge',
+      help: 'KV-cache usage, 0-1.',
+      value: s.kvCacheUsage,
     },
     {
       name: 'switchyard_sim_requests_aborted_total',

@@ -18,6 +18,7 @@
 import { readBody as readBodyWith } from '../http-body.js';
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Tracing } from '../../runtime/tracing.js';
 import type { AddressInfo } from 'node:net';
 import {
   SimEngine,
@@ -37,6 +38,8 @@ export type FailMode =
   | { kind: 'die-after-tokens'; tokens: number; times?: number };
 
 export interface SimWorkerOptions extends SimEngineOptions {
+  /** OpenTelemetry: a SERVER span per chat completion (see runtime/tracing). */
+  tracing?: Tracing | null;
   /** Port to listen on; 0 (default) picks a free one. */
   port?: number;
   /** Default 127.0.0.1. */
@@ -306,7 +309,12 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
 export async function startSimWorker(opts: SimWorkerOptions = {}): Promise<SimWorker> {
   const engine = new SimEngine(opts);
   const handler = createSimHandler(engine, opts);
-  const server = createServer({ keepAlive: true }, handler.listener);
+  const server = createServer(
+    { keepAlive: true },
+    opts.tracing
+      ? opts.tracing.wrapListener(handler.listener, { 'switchyard.engine': 'sim' })
+      : handler.listener,
+  );
   // Benchmarks drive it over pooled keep-alive connections; don't drop idle ones early.
   server.keepAliveTimeout = 60_000;
   const host = opts.host ?? '127.0.0.1';

@@ -1,0 +1,133 @@
+/**
+ * Worker self-registration (`switchyard worker --register <router-url>`),
+ * under `/admin/v1/workers`, guarded by the worker registration token
+ * (SWITCHYARD_WORKER_TOKEN; the operator token is accepted too). Without a
+ * configured worker token only the operator token is accepted.
+ *
+ * - `POST /workers/register` `{model, tier, url, capacity?, id?}`: creates the
+ *   worker (source `registered`, healthy), or re-registers it in place when a
+ *   registered worker of the same id, or of the same (model, tier, url), exists.
+ *   Answers the worker record plus `heartbeat_interval_ms`.
+ * - `POST /workers/{id}/heartbeat`: records a heartbeat; 404 `worker_not_found`
+ *   once the worker was removed (it then registers again).
+ * - `POST /workers/{id}/deregister`: removes the worker (on SIGTERM).
+ *
+ * Health after registration is the monitor's (routing/monitor.ts).
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import { z } from 'zod';
+import { ServiceError } from '../errors/index.js';
+import { parseBody } from '../http/validate.js';
+import { bearerToken } from '../keys/index.js';
+import { newWorkerId, publicWorker, type WorkerRecord } from '../routing/registry.js';
+import type { Services } from '../runtime/services.js';
+import { TIER_IDS } from '../tiers/index.js';
+
+const registerBody = z
+  .object({
+    model: z.string().min(1),
+    tier: z.enum(TIER_IDS),
+    url: z.url({ protocol: /^https?$/ }).refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
+    capacity: z.number().int().min(1).max(1_000_000).optional(),
+    id: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]{1,64}$/)
+      .optional(),
+  })
+  .strict();
+
+function sha256(s: string): Buffer {
+  return createHash('sha256').update(s, 'utf8').digest();
+}
+
+export function registrationRoutes(s: Services): FastifyPluginAsync {
+  const workerDigest = s.config.workerToken ? sha256(s.config.workerToken) : null;
+  return async (app: FastifyInstance) => {
+    app.addHook('onRequest', async (request) => {
+      const token = bearerToken(request.headers.authorization);
+      if (token !== null && workerDigest && timingSafeEqual(sha256(token), workerDigest)) return;
+      try {
+        s.adminAuth.check(request.headers.authorization);
+      } catch {
+        throw new ServiceError('invalid_admin_token', {
+          message: 'The worker registration token (or operator token) is missing or invalid.',
+        });
+      }
+    });
+
+    const now = () => new Date(s.clock.now());
+    const interval = () => s.monitor.settings.heartbeatMs;
+    const answer = (w: WorkerRecord) => ({ ...publicWorker(w), heartbeat_interval_ms: interval() });
+
+    app.post('/workers/register', async (request, reply) => {
+      const body = parseBody(registerBody, request.body);
+      const model = await s.models.findByName(body.model);
+      if (!model) {
+        throw new ServiceError('model_not_found', {
+          message: `No model '${body.model}'; an operator creates it first.`,
+          param: 'model',
+        });
+      }
+      const url = body.url.replace(/\/$/, '');
+      let existing: WorkerRecord | null = null;
+      if (body.id) {
+        existing = await s.workers.get(body.id);
+        if (existing && existing.source !== 'registered') {
+          throw new ServiceError('conflict', {
+            message: `Worker '${body.id}' exists and was not self-registered.`,
+            param: 'id',
+          });
+        }
+      } else {
+        existing = await s.workers.findRegistered(model.id, body.tier, url);
+      }
+      const w = await s.workers.upsert(
+        {
+          id: existing?.id ?? body.id ?? newWorkerId(),
+          modelId: model.id,
+          tierId: body.tier,
+          url,
+          source: 'registered',
+          capacity: body.capacity ?? null,
+        },
+        now(),
+      );
+      request.log.info({ worker: w.id, url: w.url, model: body.model }, 'worker registered');
+      await s.bus.publish('workers', w.id);
+      await s.monitor.reconcile();
+      return reply.code(existing ? 200 : 201).send(answer(w));
+    });
+
+    app.post<{ Params: { id: string } }>('/workers/:id/heartbeat', async (request) => {
+      const w = await s.workers.heartbeat(request.params.id, now());
+      if (!w) throw new ServiceError('worker_not_found', { param: 'id' });
+      // Back from missed heartbeats: re-admitted at once, unless this router's checks fail.
+      if (w.status === 'unhealthy' && s.monitor.checksOk(w.id)) {
+        if (await s.workers.setStatus(w.id, 'healthy')) {
+          w.status = 'healthy';
+          await s.bus.publish('workers', w.id);
+          await s.monitor.reconcile();
+        }
+      }
+      return {
+        id: w.id,
+        object: 'worker',
+        status: w.status,
+        heartbeat_interval_ms: interval(),
+      };
+    });
+
+    app.post<{ Params: { id: string } }>('/workers/:id/deregister', async (request) => {
+      const w = await s.workers.get(request.params.id);
+      if (!w || w.source !== 'registered' || !(await s.workers.remove(w.id))) {
+        throw new ServiceError('worker_not_found', { param: 'id' });
+      }
+      s.monitor.forget(w.id);
+      request.log.info({ worker: w.id }, 'worker deregistered');
+      await s.bus.publish('workers', w.id);
+      await s.monitor.reconcile();
+      return { id: w.id, object: 'worker', deleted: true };
+    });
+  };
+}

@@ -1,0 +1,180 @@
+/**
+ * The worker side of self-registration (`switchyard worker --register
+ * <router-url> --token <worker token>`): registers the worker's model, tier,
+ * advertised URL and capacity with the router
+ * (`POST /admin/v1/workers/register`), then heartbeats at the interval the
+ * router answers (`POST /admin/v1/workers/{id}/heartbeat`). A heartbeat
+ * answered 404 means the router removed the worker (missed heartbeats): it
+ * registers again. `stop()` deregisters (SIGTERM), so the router stops
+ * routing to it before the server closes.
+ *
+ * Timing is on the injected clock. The first registration's answer decides
+ * start-up: a refused token or an unknown model is a configuration error the
+ * caller reports; an unreachable router is retried with backoff.
+ */
+import { request } from 'undici';
+import type { Clock, Timer } from '../runtime/clock.js';
+
+export interface RegistrationOptions {
+  /** The router's base URL, e.g. `http://router:8080`. */
+  routerUrl: string;
+  token: string;
+  model: string;
+  tier: string;
+  /** The worker's OpenAI base URL as the router reaches it, ending in `/v1`. */
+  url: string;
+  capacity?: number;
+  id?: string;
+  clock: Clock;
+  log?: (line: string) => void;
+  /** HTTP timeout per call (ms, real time). */
+  timeoutMs?: number;
+}
+
+export class RegistrationError extends Error {}
+
+const RETRY_MIN_MS = 1000;
+const RETRY_MAX_MS = 30_000;
+
+interface Answer {
+  status: number;
+  body: Record<string, unknown>;
+}
+
+export class WorkerRegistration {
+  private id: string | null = null;
+  private intervalMs = 5000;
+  private timer: Timer | null = null;
+  private stopped = false;
+  private retryMs = RETRY_MIN_MS;
+  private pending: Promise<void> = Promise.resolve();
+
+  constructor(private readonly o: RegistrationOptions) {}
+
+  get workerId(): string | null {
+    return this.id;
+  }
+
+  /**
+   * Registers (retrying while the router is unreachable), then keeps
+   * heartbeating. Rejects with RegistrationError when the router refuses.
+   */
+  async start(): Promise<string> {
+    for (;;) {
+      try {
+        await this.register();
+        this.schedule(this.intervalMs);
+        return this.id!;
+      } catch (err) {
+        if (err instanceof RegistrationError || this.stopped) throw err;
+        this.log(`registration with ${this.o.routerUrl} failed (${msg(err)}); retrying`);
+        await new Promise<void>((resolve) => this.o.clock.setTimer(this.backoff(), resolve));
+      }
+    }
+  }
+
+  /** Stops heartbeating and deregisters (best effort: the router removes it anyway). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.timer?.cancel();
+    this.timer = null;
+    await this.pending;
+    if (!this.id) return;
+    try {
+      await this.call('POST', `/admin/v1/workers/${encodeURIComponent(this.id)}/deregister`);
+      this.log(`deregistered ${this.id}`);
+    } catch (err) {
+      this.log(`deregistration failed (${msg(err)})`);
+    }
+  }
+
+  private async register(): Promise<void> {
+    const res = await this.call('POST', '/admin/v1/workers/register', {
+      model: this.o.model,
+      tier: this.o.tier,
+      url: this.o.url,
+      ...(this.o.capacity ? { capacity: this.o.capacity } : {}),
+      ...((this.id ?? this.o.id) ? { id: this.id ?? this.o.id } : {}),
+    });
+    if (res.status >= 500) throw new Error(`HTTP ${res.status}`);
+    if (res.status !== 200 && res.status !== 201) {
+      const e = res.body.error as { message?: string } | undefined;
+      throw new RegistrationError(`router refused registration: ${e?.message ?? res.status}`);
+    }
+    this.id = String(res.body.id);
+    this.adopt(res.body);
+    this.retryMs = RETRY_MIN_MS;
+    this.log(`registered with ${this.o.routerUrl} as ${this.id}`);
+  }
+
+  private adopt(body: Record<string, unknown>): void {
+    const ms = body.heartbeat_interval_ms;
+    if (typeof ms === 'number' && Number.isFinite(ms) && ms >= 100) this.intervalMs = ms;
+  }
+
+  private schedule(ms: number): void {
+    if (this.stopped) return;
+    this.timer = this.o.clock.setTimer(ms, () => {
+      this.pending = this.beat();
+    });
+  }
+
+  private async beat(): Promise<void> {
+    let next = this.intervalMs;
+    try {
+      const res = await this.call(
+        'POST',
+        `/admin/v1/workers/${encodeURIComponent(this.id!)}/heartbeat`,
+      );
+      if (res.status === 404) {
+        this.log(`router forgot ${this.id}; registering again`);
+        await this.register();
+      } else if (res.status === 200) {
+        this.adopt(res.body);
+        next = this.intervalMs;
+      } else {
+        throw new Error(`HTTP ${res.status}`);
+      }
+    } catch (err) {
+      this.log(`heartbeat failed (${msg(err)})`);
+      next = Math.min(this.intervalMs, this.backoff());
+    }
+    this.schedule(next);
+  }
+
+  private backoff(): number {
+    const ms = this.retryMs;
+    this.retryMs = Math.min(this.retryMs * 2, RETRY_MAX_MS);
+    return ms;
+  }
+
+  private async call(method: 'POST', path: string, body?: unknown): Promise<Answer> {
+    const timeout = this.o.timeoutMs ?? 5000;
+    const res = await request(this.o.routerUrl.replace(/\/+$/, '') + path, {
+      method,
+      headers: {
+        authorization: `Bearer ${this.o.token}`,
+        ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+      },
+      body: body !== undefined ? JSON.stringify(body) : undefined,
+      headersTimeout: timeout,
+      bodyTimeout: timeout,
+    });
+    const text = await res.body.text();
+    let parsed: Record<string, unknown> = {};
+    try {
+      parsed = text ? (JSON.parse(text) as Record<string, unknown>) : {};
+    } catch {
+      parsed = {};
+    }
+    return { status: res.statusCode, body: parsed };
+  }
+
+  private log(line: string): void {
+    this.o.log?.(line);
+  }
+}
+
+function msg(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

@@ -1,0 +1,79 @@
+/**
+ * The pool's live state without a server: a worker's declared capacity lowers
+ * its in-flight limit (and saturation), stale signals are not returned, and
+ * an open breaker admits one half-open probe after the cool-down.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { BREAKER_COOLDOWN_MS, BREAKER_THRESHOLD, WorkerPool } from '../../src/routing/pool.js';
+import type { WorkerRecord, WorkerRegistry } from '../../src/routing/registry.js';
+import { FakeClock } from '../../src/runtime/clock.js';
+
+function worker(id: string, capacity: number | null = null): WorkerRecord {
+  return {
+    id,
+    modelId: 'm',
+    modelName: 'm',
+    tierId: 'gpu',
+    url: `http://${id}/v1`,
+    source: 'registered',
+    status: 'healthy',
+    lastHeartbeatAt: null,
+    capacity,
+    createdAt: new Date(0),
+  };
+}
+
+const registry = {} as WorkerRegistry;
+
+describe('worker pool', () => {
+  it('capacity lowers the in-flight limit; saturation follows it', () => {
+    const pool = new WorkerPool(registry, new FakeClock(), 0, 4);
+    const small = worker('small', 2);
+    const big = worker('big', 100);
+    assert.equal(pool.limit(small), 2);
+    assert.equal(pool.limit(big), 4);
+    assert.equal(pool.limit(worker('none')), 4);
+    pool.acquire('small');
+    pool.acquire('small');
+    assert.equal(pool.pick([small]), null);
+    assert.equal(pool.saturated([small]), true);
+    assert.equal(pool.pick([small, big])?.id, 'big');
+  });
+
+  it('signals older than the maximum age are not returned', () => {
+    const clock = new FakeClock();
+    const pool = new WorkerPool(registry, clock, 0);
+    pool.setSignalsMaxAge(3000);
+    pool.setSignals('w', {
+      running: 1,
+      waiting: 2,
+      kvCacheUsage: 0.5,
+      scrapedAt: clock.now(),
+      source: 'vllm',
+    });
+    assert.equal(pool.signals('w')?.waiting, 2);
+    clock.advance(3001);
+    assert.equal(pool.signals('w'), null);
+    pool.forget('w');
+    assert.equal(pool.signals('w'), null);
+  });
+
+  it('an open breaker admits one half-open probe after the cool-down; success re-admits', () => {
+    const clock = new FakeClock();
+    const pool = new WorkerPool(registry, clock, 0);
+    const a = worker('a');
+    const b = worker('b');
+    for (let i = 0; i < BREAKER_THRESHOLD; i++) pool.failure('a');
+    assert.equal(pool.isOpen('a'), true);
+    for (let i = 0; i < 4; i++) assert.equal(pool.pick([a, b])?.id, 'b');
+    clock.advance(BREAKER_COOLDOWN_MS);
+    pool.acquire('b'); // a is now the less loaded one
+    assert.equal(pool.pick([a, b])?.id, 'a', 'the probe');
+    assert.equal(pool.pick([a, b])?.id, 'b', 'only one probe at a time');
+    pool.success('a');
+    pool.release('b');
+    pool.acquire('b');
+    assert.equal(pool.pick([a, b])?.id, 'a', 're-admitted');
+  });
+});
