@@ -86,6 +86,7 @@ const { values: opts } = parseArgs({
     peer: { type: 'boolean', default: true },
   },
   strict: true,
+  allowNegative: true,
 });
 const NICE = Number(opts.nice);
 if (opts.storage !== 'pglite' && opts.storage !== 'postgres') {
@@ -265,6 +266,7 @@ async function throughput(target) {
     url: target.url,
     body: BODY,
     authorization: target.headers.authorization,
+    headers: target.headers,
     connections: WRK_CONNECTIONS,
   };
   await runWrk({ ...args, durationS: P.wrkWarmupS });
@@ -406,11 +408,14 @@ function targets(results) {
   );
   const peer = results.throughput.peer;
   if (peer) {
-    const ratio = peer.requestsPerSec > 0 ? t.requestsPerSec / peer.requestsPerSec : null;
+    // Only answered requests count (a gateway answering errors fast is not throughput).
+    const good = (x) => (x.requests > 0 ? x.requestsPerSec * (1 - x.non2xx / x.requests) : 0);
+    const peerGood = Math.round(good(peer));
+    const ratio = peerGood > 0 ? good(t) / peerGood : null;
     list.push({
       name: "Max req/s on one core >= 6x the peer gateway's",
       source: 'issue 8',
-      measured: `${t.requestsPerSec} vs ${peer.requestsPerSec} req/s = ${ratio === null ? 'n/a' : ratio.toFixed(1)}x`,
+      measured: `${Math.round(good(t))} vs ${peerGood} successful req/s = ${ratio === null ? 'n/a' : ratio.toFixed(1)}x`,
       status: ratio !== null && ratio >= 6 ? 'met' : 'not met',
     });
   }

@@ -87,6 +87,11 @@ async function main() {
         '0',
         '--tpot-ms',
         String(TPOT),
+        // Every stream decodes at once (the default sim batch is 256 sequences).
+        '--max-running',
+        String(N + 100),
+        '--kv-cache-tokens',
+        String((N + 100) * 256),
       ],
       env: { ...process.env, NODE_ENV: 'production' },
       ready: /serving (http:\/\/127\.0\.0\.1:\d+\/v1)/,

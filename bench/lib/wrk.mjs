@@ -47,6 +47,7 @@ export async function runWrk({
   url,
   body,
   authorization,
+  headers = {},
   connections,
   durationS,
   threads = 1,
@@ -65,7 +66,16 @@ export async function runWrk({
       SCRIPT,
       url,
     ],
-    env: { ...process.env, BENCH_BODY: body, BENCH_AUTHORIZATION: authorization ?? '' },
+    env: {
+      ...process.env,
+      BENCH_BODY: body,
+      BENCH_AUTHORIZATION: authorization ?? '',
+      // Any other request headers except the two set above.
+      BENCH_HEADERS: Object.entries(headers)
+        .filter(([k]) => !['authorization', 'content-type'].includes(k.toLowerCase()))
+        .map(([k, v]) => `${k}: ${v}`)
+        .join('\n'),
+    },
     timeoutMs: (durationS + 15) * 1000,
   });
   return { ...parseWrk(stdout), connections, durationS, threads };

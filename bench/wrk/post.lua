@@ -8,3 +8,14 @@ local auth = os.getenv("BENCH_AUTHORIZATION")
 if auth ~= nil and auth ~= "" then
   wrk.headers["Authorization"] = auth
 end
+-- BENCH_HEADERS: more headers, one "Name: value" per line (the peer gateway's
+-- routing headers).
+local extra = os.getenv("BENCH_HEADERS")
+if extra ~= nil then
+  for line in string.gmatch(extra, "[^\n]+") do
+    local name, value = string.match(line, "^([^:]+):%s*(.*)$")
+    if name ~= nil then
+      wrk.headers[name] = value
+    end
+  end
+end

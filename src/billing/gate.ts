@@ -23,7 +23,8 @@ export class BillingGate {
     clock: Clock,
     ttlMs: number,
   ) {
-    this.cache = new TtlCache(clock, ttlMs, 10_000);
+    // Exact after the TTL (no stale answer): credit running out must refuse the next request.
+    this.cache = new TtlCache(clock, ttlMs, 10_000, false);
   }
 
   async check(projectId: string, priced: boolean): Promise<void> {

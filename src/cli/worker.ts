@@ -36,6 +36,8 @@ export async function worker(argv: string[]): Promise<number> {
       'ttft-ms': { type: 'string' },
       'tpot-ms': { type: 'string' },
       'context-window': { type: 'string' },
+      'max-running': { type: 'string' },
+      'kv-cache-tokens': { type: 'string' },
       register: { type: 'string' },
       token: { type: 'string' },
       tier: { type: 'string', default: 'cpu' },
@@ -162,6 +164,12 @@ export async function worker(argv: string[]): Promise<number> {
     ttftMs: num('ttft-ms', values['ttft-ms'], 0),
     tpotMs: num('tpot-ms', values['tpot-ms'], 0),
     contextWindow: num('context-window', values['context-window'], 4096),
+    ...(values['max-running']
+      ? { maxRunning: num('max-running', values['max-running'], 256) }
+      : {}),
+    ...(values['kv-cache-tokens']
+      ? { kvCacheTokens: num('kv-cache-tokens', values['kv-cache-tokens'], 131_072) }
+      : {}),
     tracing,
   });
   process.stdout.write(`switchyard worker (sim) serving ${w.url}\n`);

@@ -59,7 +59,14 @@ export class KeyVerifier {
 
     const now = this.clock.now();
     let entry: Cached | null | undefined = this.known.get(hash);
-    if (!entry || now - entry.fetchedAt > this.opts.ttlMs) {
+    const age = entry ? now - entry.fetchedAt : Infinity;
+    if (entry && age > this.opts.ttlMs && age <= 2 * this.opts.ttlMs) {
+      // Stale-while-revalidate (see runtime/ttl-cache): answer from the entry,
+      // refresh it in the background. Revocation and rotation invalidate the
+      // entry at once (`invalidate`, across instances via the bus), so the TTL
+      // only bounds how long an out-of-band database change can go unseen.
+      if (!this.pending.has(hash)) void this.load(hash, entry).catch(() => undefined);
+    } else if (!entry || age > this.opts.ttlMs) {
       entry = await this.load(hash, entry);
     }
     if (!entry || !hashesEqual(entry.hash, hash)) return { status: 'unknown' };

@@ -126,8 +126,29 @@ describe('API key authentication', () => {
       .update(tables.apiKeys)
       .set({ revokedAt: new Date(s.clock.now()) })
       .where(eq(tables.apiKeys.id, String(k.body.id)));
-    // Without invalidation the cached entry serves until its TTL passes.
-    s.clock.advance(s.services.config.keyCacheTtlMs + 1);
+    // Without invalidation the cached entry serves until its TTL passes; the first
+    // request after it is still answered from the entry (stale-while-revalidate)
+    // and starts one refresh, whose result the following requests see.
+    const ttl = s.services.config.keyCacheTtlMs;
+    s.clock.advance(ttl + 1);
+    assert.equal((await s.call('GET', models(a.projectId), { key })).status, 200);
+    let status = 200;
+    for (const until = Date.now() + 5000; status === 200 && Date.now() < until;) {
+      await new Promise((r) => setTimeout(r, 5));
+      status = (await s.call('GET', models(a.projectId), { key })).status;
+    }
+    expectError(await s.call('GET', models(a.projectId), { key }), 401, 'invalid_api_key');
+  });
+
+  it('past twice the cache TTL a cached verification is re-read before answering', async () => {
+    const k = await s.admin('POST', `/projects/alpha/keys`, {});
+    const key = String(k.body.key);
+    assert.equal((await s.call('GET', models(a.projectId), { key })).status, 200);
+    await s.services.store.db
+      .update(tables.apiKeys)
+      .set({ revokedAt: new Date(s.clock.now()) })
+      .where(eq(tables.apiKeys.id, String(k.body.id)));
+    s.clock.advance(2 * s.services.config.keyCacheTtlMs + 1);
     expectError(await s.call('GET', models(a.projectId), { key }), 401, 'invalid_api_key');
   });
 
