@@ -9,12 +9,7 @@
  * re-emitted as received, never re-serialised.
  */
 import { ACTIVE_PAYLOADS } from '../events/catalogue.js';
-import {
-  verifyWebhook,
-  type HeaderValue,
-  type RawBody,
-  type VerifyFailure,
-} from '../webhooks/signing.js';
+import { verifyWebhook, type VerifyFailure, type VerifyWebhookInput } from '../webhooks/signing.js';
 
 export type ApprovalRequestedPayload = ReturnType<
   (typeof ACTIVE_PAYLOADS)['exec.approval_requested']['parse']
@@ -24,14 +19,9 @@ export type ApprovalSignatureResult =
   | { ok: true; eventId: string; data: ApprovalRequestedPayload }
   | { ok: false; reason: VerifyFailure | 'not_approval_requested' | 'invalid_payload' };
 
-export function verifyApprovalRequestedSignature(input: {
-  secret: string;
-  body: RawBody;
-  timestamp: HeaderValue;
-  signature: HeaderValue;
-  nowSeconds?: number;
-  toleranceSeconds?: number;
-}): ApprovalSignatureResult {
+export function verifyApprovalRequestedSignature(
+  input: VerifyWebhookInput,
+): ApprovalSignatureResult {
   const v = verifyWebhook(input);
   if (!v.ok) return { ok: false, reason: v.reason };
   let envelope: unknown;

@@ -26,7 +26,6 @@
  * chunk (`include_usage`) carry the sum.
  */
 import type { FastifyReply } from 'fastify';
-import type { ServerResponse } from 'node:http';
 import { ServiceError, type ErrorCode } from '../errors/index.js';
 import { awaitInvocation, isSettled } from '../exec/await.js';
 import type { CatalogEntry } from '../exec/catalog.js';
@@ -47,7 +46,7 @@ import {
   type Usage,
 } from './reframe.js';
 import type { ChatRequest } from './request.js';
-import { isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
+import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamResponse } from './upstream.js';
 
 /** Upstream rounds per request; the last one may not call tools. */
@@ -618,18 +617,4 @@ function executorUnavailable(tool: string): ServiceError {
 
 function lower(h: Record<string, string>): Record<string, string> {
   return Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
-}
-
-function drained(raw: ServerResponse, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      raw.off('drain', done);
-      raw.off('close', done);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    raw.once('drain', done);
-    raw.once('close', done);
-    signal.addEventListener('abort', done);
-  });
 }

@@ -55,7 +55,7 @@ import {
 } from './reframe.js';
 import { checkBridgeRequest, ToolBridge, WORKSPACE_FIELD } from './bridge.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
-import { isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
+import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
 
 export interface ChatDeps {
@@ -737,18 +737,4 @@ function mapTransport(err: unknown): ServiceError {
 
 function write(raw: ServerResponse, s: string): boolean {
   return raw.write(s);
-}
-
-function drained(raw: ServerResponse, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      raw.off('drain', done);
-      raw.off('close', done);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    raw.once('drain', done);
-    raw.once('close', done);
-    signal.addEventListener('abort', done);
-  });
 }

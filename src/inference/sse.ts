@@ -24,6 +24,7 @@
  * with the error envelope as data. A timeout carries `type: timeout_error`; a
  * cancellation carries code `cancelled` and no `type` (spec, Errors envelope).
  */
+import type { ServerResponse } from 'node:http';
 import { catalogue, type ErrorCode } from '../errors/index.js';
 
 export interface SseEvent {
@@ -236,4 +237,22 @@ export function sseErrorBody(
  */
 export function sseError(code: ErrorCode, message?: string, param: string | null = null): string {
   return 'event: error\ndata: ' + JSON.stringify(sseErrorBody(code, message, param)) + '\n\n';
+}
+
+/**
+ * Resolves when a client stream that refused a write can take more: it drained,
+ * closed, or the request was aborted (back-pressure for SSE writers).
+ */
+export function drained(raw: ServerResponse, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      raw.off('drain', done);
+      raw.off('close', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    raw.once('drain', done);
+    raw.once('close', done);
+    signal.addEventListener('abort', done);
+  });
 }
