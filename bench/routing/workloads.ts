@@ -12,19 +12,7 @@ import type { ServiceTierHint, SloTargets } from '../../src/routing/slo.js';
 import { renderPrompt, tokenizePrompt } from '../../src/workers/sim/tokenizer.js';
 import type { ChatMessage } from '../../src/workers/sim/wire.js';
 
-export type Rng = () => number;
-
-/** mulberry32: a small seeded PRNG with a 2^32 period, enough for traces. */
-export function mulberry32(seed: number): Rng {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { mulberry32, type Rng } from '../../src/runtime/prng.js';
 
 const exp = (rng: Rng, mean: number): number => -Math.log(1 - rng()) * mean;
 const uniform = (rng: Rng, lo: number, hi: number): number => lo + rng() * (hi - lo);

@@ -38,6 +38,7 @@ import { verifyWebhook } from '../../src/webhooks/signing.js';
 import { freshDatabase, http, type Res, type TestDatabase } from '../support/harness.js';
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { mulberry32 } from '../../src/runtime/prng.js';
 
 const dbUrl = process.env.TEST_DATABASE_URL;
 const redisUrl = process.env.TEST_REDIS_URL;
@@ -83,18 +84,6 @@ async function until<T>(
     }
     await sleep(every);
   }
-}
-
-/** mulberry32: seeded, so a run's kill schedule can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 const code = (r: Res) => (r.body.error as { code?: string; type?: string } | undefined)?.code;
@@ -500,7 +489,7 @@ describe(
       // The receiver: fails each delivery as often as its alert's name says,
       // then accepts it; answers after 150-500 ms, so that attempts are in
       // flight most of the time and kills land on some of them.
-      const rnd = prng(Number(process.env.SWITCHYARD_CHAOS_SEED ?? 20261123));
+      const rnd = mulberry32(Number(process.env.SWITCHYARD_CHAOS_SEED ?? 20261123));
       const seen = new Map<string, number>();
       const accepted = new Set<string>();
       const overAttempted: string[] = [];

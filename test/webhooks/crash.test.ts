@@ -51,6 +51,7 @@ import { verifyWebhook } from '../../src/webhooks/signing.js';
 import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
 import { testCertificate } from '../support/https-receiver.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { mulberry32 } from '../../src/runtime/prng.js';
 
 const dbUrl = process.env.TEST_DATABASE_URL;
 if (process.env.CI === 'true' && !dbUrl) {
@@ -72,18 +73,6 @@ const SCHEDULE = {
   SWITCHYARD_WEBHOOK_ATTEMPT_TIMEOUT_MS: '300',
   SWITCHYARD_WEBHOOK_LEASE_MS: '600',
 };
-
-/** mulberry32: small, seedable, good enough to pick behaviours. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Answer =
   | 'ok'
@@ -388,8 +377,8 @@ describe(
 
     it('every delivery ends delivered or failed after exactly 6 attempts, records matching what receivers saw', async (t) => {
       const began = Date.now();
-      const rnd = prng(SEED);
-      const chaosRnd = prng(SEED ^ 0x5bd1e995);
+      const rnd = mulberry32(SEED);
+      const chaosRnd = mulberry32(SEED ^ 0x5bd1e995);
       let lastTargeted = 0;
       /** Deliveries whose sender is paused (see resumeAfterTakeover). */
       const frozen = new Set<string>();

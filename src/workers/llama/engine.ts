@@ -75,15 +75,9 @@ import {
   type Token,
 } from 'node-llama-cpp';
 import { ServiceError } from '../../errors/index.js';
-import {
-  applyLogitBias,
-  mulberry32,
-  safeLog,
-  sampleToken,
-  toUint32Seed,
-  topTokens,
-} from './sampling.js';
+import { applyLogitBias, safeLog, sampleToken, toUint32Seed, topTokens } from './sampling.js';
 import { toGrammarSchema } from './json-schema.js';
+import { mulberry32 } from '../../runtime/prng.js';
 import { ChoiceText, TokenPieces, tokenDisplay } from './token-text.js';
 import {
   contentText,

@@ -17,18 +17,6 @@
 /** Floor for log(0): JSON has no -Infinity, and vLLM uses the same value. */
 export const MIN_LOGPROB = -9999;
 
-/** mulberry32: a small, fast, well-mixed 32-bit PRNG; returns floats in [0, 1). */
-export function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Any integer seed (OpenAI allows negatives and 53-bit values) as llama.cpp's uint32. */
 export function toUint32Seed(seed: number): number {
   const m = Math.trunc(seed) % 4294967296;

@@ -37,6 +37,7 @@ import {
   type ToolDefinition,
   type TopLogprob,
 } from './wire.js';
+import { mulberry32 } from '../../runtime/prng.js';
 
 export type TokenKind = 'content' | 'reasoning' | 'refusal' | 'tool';
 
@@ -150,18 +151,6 @@ const WORDS = [
   'in',
   'on',
 ];
-
-/** mulberry32: a tiny, fast, well-distributed 32-bit PRNG. */
-export function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 export function requestSeed(request: ChatRequest, promptText: string): number {
   if (typeof request.seed === 'number') return hash53(`seed:${request.seed}`) % 4294967296;
