@@ -69,9 +69,9 @@ import { diff } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 import { createDatabase } from './lib/postgres.mjs';
 import { ensurePeer, freePort, PEER_NAME, peerHeaders } from './lib/peer.mjs';
+import { startRouter, startSim } from './lib/services.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const BIN = join(ROOT, 'bin', 'switchyard.js');
 const RESULTS = join(ROOT, 'bench', 'results');
 const ROUTER_CPU = 0;
 const LOAD_CPU = 1;
@@ -160,59 +160,6 @@ function pinSelf() {
   execFileSync('taskset', ['-a', '-cp', String(LOAD_CPU), String(process.pid)], {
     stdio: 'ignore',
   });
-}
-
-async function startSim() {
-  const s = await startService({
-    name: 'sim worker',
-    cpu: LOAD_CPU,
-    cmd: process.execPath,
-    args: [
-      BIN,
-      'worker',
-      '--engine',
-      'sim',
-      '--port',
-      '0',
-      '--model',
-      MODEL,
-      '--ttft-ms',
-      '0',
-      '--tpot-ms',
-      '0',
-    ],
-    env: { ...process.env, NODE_ENV: 'production' },
-    ready: /serving (http:\/\/127\.0\.0\.1:\d+\/v1)/,
-  });
-  return { ...s, url: s.match[1] };
-}
-
-async function startRouter(dataDir, token, nodeArgs = [], databaseUrl = null) {
-  const env = {
-    ...process.env,
-    NODE_ENV: 'production',
-    PORT: '0',
-    HOST: '127.0.0.1',
-    SWITCHYARD_ENV: 'development',
-    SWITCHYARD_DEMO: '0',
-    SWITCHYARD_DATA_DIR: dataDir,
-    SWITCHYARD_ADMIN_TOKEN: token,
-    LOG_LEVEL: 'warn',
-  };
-  // The benchmark measures the single-instance setup (PGlite, in-memory state).
-  delete env.DATABASE_URL;
-  delete env.REDIS_URL;
-  if (databaseUrl) env.DATABASE_URL = databaseUrl;
-  const s = await startService({
-    name: 'router',
-    cpu: ROUTER_CPU,
-    cmd: process.execPath,
-    args: [...nodeArgs, BIN, 'serve'],
-    env,
-    ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
-    timeoutMs: 60_000,
-  });
-  return { ...s, url: s.match[1] };
 }
 
 async function startPeer() {
@@ -444,8 +391,9 @@ async function teardown(env) {
 async function start(dataDir, nodeArgs, databaseUrl) {
   const token = randomBytes(24).toString('base64url');
   log('starting the sim worker (CPU 1) and the router (CPU 0)');
-  const sim = await startSim();
-  const router = await startRouter(dataDir, token, nodeArgs, databaseUrl);
+  // The single-instance setup: no Redis; PGlite unless --storage=postgres.
+  const sim = await startSim({ cpu: LOAD_CPU, simArgs: ['--ttft-ms', '0', '--tpot-ms', '0'] });
+  const router = await startRouter({ cpu: ROUTER_CPU, dataDir, token, nodeArgs, databaseUrl });
   const reg = await register({ routerUrl: router.url, token, workerUrl: sim.url });
   const direct = {
     name: 'direct',

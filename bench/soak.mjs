@@ -18,12 +18,12 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { fetch } from 'undici';
-import { installCleanup, memoryOf, runProcess, startService, stopAll } from './lib/procs.mjs';
+import { installCleanup, memoryOf, runProcess, stopAll } from './lib/procs.mjs';
+import { startRouter, startSim } from './lib/services.mjs';
 import { createDatabase } from './lib/postgres.mjs';
 import { MODEL, register } from './lib/setup.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const BIN = join(ROOT, 'bin', 'switchyard.js');
 const WINDOW_S = 30;
 
 const { values: opts } = parseArgs({
@@ -69,38 +69,10 @@ async function main() {
       : null;
   const token = randomBytes(24).toString('base64url');
   try {
-    const sim = await startService({
-      name: 'sim worker',
-      cpu: 1,
-      cmd: process.execPath,
-      args: [BIN, 'worker', '--engine', 'sim', '--port', '0', '--model', MODEL],
-      env: { ...process.env, NODE_ENV: 'production' },
-      ready: /serving (http:\/\/127\.0\.0\.1:\d+\/v1)/,
-    });
-    const env = {
-      ...process.env,
-      NODE_ENV: 'production',
-      PORT: '0',
-      HOST: '127.0.0.1',
-      SWITCHYARD_DEMO: '0',
-      SWITCHYARD_DATA_DIR: dataDir,
-      SWITCHYARD_ADMIN_TOKEN: token,
-      LOG_LEVEL: 'warn',
-    };
-    delete env.DATABASE_URL;
-    delete env.REDIS_URL;
-    if (db) env.DATABASE_URL = db.url;
-    const router = await startService({
-      name: 'router',
-      cpu: 0,
-      cmd: process.execPath,
-      args: [BIN, 'serve'],
-      env,
-      ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
-      timeoutMs: 60_000,
-    });
-    const routerUrl = router.match[1];
-    const reg = await register({ routerUrl, token, workerUrl: sim.match[1] });
+    const sim = await startSim({ cpu: 1 });
+    const router = await startRouter({ cpu: 0, dataDir, token, databaseUrl: db?.url ?? null });
+    const routerUrl = router.url;
+    const reg = await register({ routerUrl, token, workerUrl: sim.url });
     const url = `${routerUrl}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`;
     const body = JSON.stringify({
       model: MODEL,

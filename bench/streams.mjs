@@ -22,12 +22,12 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { installCleanup, memoryOf, startService, stopAll } from './lib/procs.mjs';
+import { installCleanup, memoryOf, stopAll } from './lib/procs.mjs';
+import { startRouter, startSim } from './lib/services.mjs';
 import { createDatabase } from './lib/postgres.mjs';
 import { MODEL, register } from './lib/setup.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const BIN = join(ROOT, 'bin', 'switchyard.js');
 
 const { values: opts } = parseArgs({
   options: {
@@ -70,19 +70,9 @@ async function main() {
       : null;
   const token = randomBytes(24).toString('base64url');
   try {
-    const sim = await startService({
-      name: 'sim worker',
+    const sim = await startSim({
       cpu: 1,
-      cmd: process.execPath,
-      args: [
-        BIN,
-        'worker',
-        '--engine',
-        'sim',
-        '--port',
-        '0',
-        '--model',
-        MODEL,
+      simArgs: [
         '--ttft-ms',
         '0',
         '--tpot-ms',
@@ -93,35 +83,17 @@ async function main() {
         '--kv-cache-tokens',
         String((N + 100) * 256),
       ],
-      env: { ...process.env, NODE_ENV: 'production' },
-      ready: /serving (http:\/\/127\.0\.0\.1:\d+\/v1)/,
     });
-    const env = {
-      ...process.env,
-      NODE_ENV: 'production',
-      PORT: '0',
-      HOST: '127.0.0.1',
-      SWITCHYARD_DEMO: '0',
-      SWITCHYARD_DATA_DIR: dataDir,
-      SWITCHYARD_ADMIN_TOKEN: token,
-      LOG_LEVEL: 'warn',
-      // One worker carries every stream: let it have them all in flight.
-      SWITCHYARD_WORKER_MAX_INFLIGHT: String(N + 100),
-    };
-    delete env.DATABASE_URL;
-    delete env.REDIS_URL;
-    if (db) env.DATABASE_URL = db.url;
-    const router = await startService({
-      name: 'router',
+    const router = await startRouter({
       cpu: 0,
-      cmd: process.execPath,
-      args: [BIN, 'serve'],
-      env,
-      ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
-      timeoutMs: 60_000,
+      dataDir,
+      token,
+      databaseUrl: db?.url ?? null,
+      // One worker carries every stream: let it have them all in flight.
+      extraEnv: { SWITCHYARD_WORKER_MAX_INFLIGHT: String(N + 100) },
     });
-    const routerUrl = router.match[1];
-    const reg = await register({ routerUrl, token, workerUrl: sim.match[1] });
+    const routerUrl = router.url;
+    const reg = await register({ routerUrl, token, workerUrl: sim.url });
     const url = new URL(`${routerUrl}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`);
     const body = JSON.stringify({
       model: MODEL,
