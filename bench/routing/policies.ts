@@ -30,6 +30,8 @@ export const MAX_IN_FLIGHT = 64;
 
 export interface RouterView {
   readonly alive: readonly string[];
+  /** Simulated time, ms. */
+  readonly now: number;
   inFlight(id: string): number;
   scraped(id: string): WorkerMetrics | undefined;
   kvCacheTokens(id: string): number;
@@ -201,7 +203,12 @@ export class Switchyard implements Policy {
             : null,
         };
       }),
-      { blocks: req.blocks64, slo: req.slo, tier: req.tier },
+      {
+        blocks: req.blocks64,
+        slo: req.slo,
+        tier: req.tier,
+        nowMs: view.now,
+      },
       exclude,
     );
     if (!choice.ok) return null;
@@ -209,9 +216,9 @@ export class Switchyard implements Policy {
     const scorer = this.scorer;
     return {
       workerId: route.workerId,
-      firstToken: () => scorer.firstToken(route),
+      firstToken: () => scorer.firstToken(route, { nowMs: view.now }),
       finish: (o) => scorer.finish(route, o),
-      fail: () => scorer.fail(route),
+      fail: () => scorer.fail(route, { nowMs: view.now }),
     };
   }
 }

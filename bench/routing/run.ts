@@ -73,6 +73,9 @@ function simulate(w: Workload, policy: Policy): RunStats {
     get alive() {
       return alive;
     },
+    get now() {
+      return ev.now;
+    },
     inFlight: (id) => inFlight.get(id) ?? 0,
     scraped: (id) => scraped.get(id),
     kvCacheTokens: (id) => workers.get(id)!.spec.kvCacheTokens,

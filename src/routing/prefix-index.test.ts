@@ -120,6 +120,31 @@ describe('PrefixIndex', () => {
     assert.equal(off.predictionStats().overPredicted, 1);
   });
 
+  it('a KV-cache capacity follows the learned chars per token, keeping the correction', () => {
+    const ix = new PrefixIndex({ blockChars: 16, charsPerToken: 4, minCapacityBlocks: 1 });
+    ix.setKvCacheTokens('w', 400); // 400 tokens × 4 chars ÷ 16 = 100 blocks
+    assert.equal(ix.capacityOf('w'), 100);
+    const r = ix.route('w', ix.blocks(text(320)));
+    ix.observe('w', 0, 40, r); // 40 tokens more than predicted: +10 blocks
+    assert.equal(ix.capacityOf('w'), 110);
+    // Prompts of 3 chars per token: 400 tokens are 75 blocks, and the +10 stays.
+    for (let i = 0; i < 400; i++) ix.observe('w', 80, 80, r, 320 / 3);
+    assert.ok(Math.abs(ix.charsPerToken - 3) < 0.01);
+    assert.equal(ix.capacityOf('w'), 85);
+  });
+
+  it('release makes a finished prompt the most recent again (the engine frees it then)', () => {
+    const ix = new PrefixIndex({ blockChars: 16, defaultCapacityBlocks: 40, minCapacityBlocks: 1 });
+    const a = ix.blocks(text(320, 'a'));
+    const b = ix.blocks(text(320, 'b'));
+    const ra = ix.route('w', a);
+    ix.route('w', b);
+    ix.release('w', ra); // a finished after b was dispatched
+    ix.route('w', ix.blocks(text(320, 'c')));
+    assert.equal(ix.match('w', a), 20, 'a outlives b');
+    assert.equal(ix.match('w', b), 0);
+  });
+
   it('learns chars per token from reported prompt tokens', () => {
     const ix = new PrefixIndex({ blockChars: 16, charsPerToken: 4 });
     const p = ix.blocks(text(300));

@@ -13,7 +13,11 @@
  * - The predicted hit on a worker is the number of leading blocks present, converted
  *   to tokens with a chars-per-token ratio learned from reported prompt_tokens.
  * - Capacity per worker in blocks follows the worker's KV-cache size when known
- *   (`setKvCacheTokens`), else `defaultCapacityBlocks`.
+ *   (`setKvCacheTokens`: tokens × the learned chars per token ÷ block size, recomputed
+ *   as that ratio is learned), else `defaultCapacityBlocks`.
+ * - When the request finishes (`release`), its blocks are touched again, tail first:
+ *   an engine frees a sequence's blocks at completion, so that is when they become its
+ *   most recently used free blocks.
  *
  * Closing the loop (`observe`): after a response the worker's `cached_tokens` says
  * how much of the prefix it really had.
@@ -84,6 +88,10 @@ interface WorkerBlocks {
   lru: Map<number, number>;
   capacity: number;
   configured: number;
+  /** KV-cache size in tokens, when known: `configured` follows the learned chars/token. */
+  kvTokens?: number;
+  /** The chars-per-token ratio `configured` was computed with. */
+  cptAt?: number;
 }
 
 /** Canonical rendering: role, name and text of each message, so equal prefixes hash equally. */
@@ -175,17 +183,18 @@ export class PrefixIndex {
   setKvCacheTokens(workerId: string, kvCacheTokens: number): void {
     if (!(kvCacheTokens > 0)) return;
     const w = this.worker(workerId);
-    const configured = Math.max(
-      this.minCapacity,
-      Math.floor((kvCacheTokens * this.cpt) / this.blockChars),
-    );
-    w.configured = configured;
-    w.capacity = configured;
+    w.kvTokens = kvCacheTokens;
+    w.cptAt = this.cpt;
+    w.configured = this.kvBlocks(kvCacheTokens);
+    w.capacity = w.configured;
     this.trim(w);
   }
 
   capacityOf(workerId: string): number {
-    return this.workers.get(workerId)?.capacity ?? this.defaultCapacity;
+    const w = this.workers.get(workerId);
+    if (!w) return this.defaultCapacity;
+    this.rescale(w);
+    return w.capacity;
   }
 
   sizeOf(workerId: string): number {
@@ -196,6 +205,7 @@ export class PrefixIndex {
   match(workerId: string, blocks: PromptBlocks): number {
     const w = this.workers.get(workerId);
     if (!w) return 0;
+    this.rescale(w);
     const h = blocks.hashes;
     let i = 0;
     while (i < h.length && w.lru.has(h[i]!)) i++;
@@ -212,6 +222,7 @@ export class PrefixIndex {
   /** Records that the prompt is being served by the worker; returns what `observe` needs. */
   route(workerId: string, blocks: PromptBlocks): RoutedPrompt {
     const w = this.worker(workerId);
+    this.rescale(w);
     const h = blocks.hashes;
     const stamps: number[] = [];
     for (let i = 0; i < h.length; i++) {
@@ -225,6 +236,23 @@ export class PrefixIndex {
     }
     this.trim(w);
     return { blocks, stamps };
+  }
+
+  /**
+   * The request finished on the worker: an engine frees a sequence's blocks when it
+   * completes, so they become its most recently used ones (tail first) then, not at
+   * dispatch. Re-touches the prompt's blocks, re-adding any the index had dropped.
+   */
+  release(workerId: string, routed: RoutedPrompt): void {
+    const w = this.workers.get(workerId);
+    if (!w) return;
+    this.rescale(w);
+    const h = routed.blocks.hashes;
+    for (let i = h.length - 1; i >= 0; i--) {
+      w.lru.delete(h[i]!);
+      w.lru.set(h[i]!, ++this.stamp);
+    }
+    this.trim(w);
   }
 
   /**
@@ -253,6 +281,7 @@ export class PrefixIndex {
     if (!this.correct) return;
     const w = this.workers.get(workerId);
     if (!w) return;
+    this.rescale(w);
     // Proportional control of the capacity: the error in blocks moves it by `gain`
     // of that error, so over- and under-predictions balance out where the index's LRU
     // keeps as much as the worker's cache really does for this router's traffic.
@@ -293,6 +322,30 @@ export class PrefixIndex {
       this.workers.set(id, w);
     }
     return w;
+  }
+
+  private kvBlocks(kvTokens: number): number {
+    return Math.max(this.minCapacity, Math.floor((kvTokens * this.cpt) / this.blockChars));
+  }
+
+  /**
+   * A KV cache holds tokens, the index holds blocks of characters: when the learned
+   * chars-per-token ratio moves, the configured capacity moves with it, and the
+   * correction learned by `observe` (capacity − configured, in blocks) is kept.
+   */
+  private rescale(w: WorkerBlocks): void {
+    if (w.kvTokens === undefined || w.cptAt === this.cpt) return;
+    w.cptAt = this.cpt;
+    const configured = this.kvBlocks(w.kvTokens);
+    if (configured === w.configured) return;
+    w.capacity = Math.round(
+      Math.min(
+        configured * this.maxFactor,
+        Math.max(Math.min(this.minCapacity, configured), w.capacity + configured - w.configured),
+      ),
+    );
+    w.configured = configured;
+    this.trim(w);
   }
 
   private trim(w: WorkerBlocks): void {

@@ -4,6 +4,7 @@ import { PrefixIndex } from './prefix-index.js';
 import {
   admissionLimit,
   admits,
+  DEFAULT_SCORE_CONSTANTS,
   scoreWorker,
   tierRank,
   WorkerScorer,
@@ -78,6 +79,20 @@ describe('scoreWorker: each term moves the choice', () => {
     );
   });
 
+  it('uncached weight β: off by default; on, uncached work costs beyond the own TTFT', () => {
+    // a holds 1,500 tokens of the prompt but has 1,800 tokens queued; b is idle and cold.
+    const a = idle('a', { pendingPrefillTokens: 1800 });
+    const b = idle('b');
+    assert.equal(best(scoreWorker(a, req, 1500, pool), scoreWorker(b, req, 0, pool)), 'b');
+    const k = { ...DEFAULT_SCORE_CONSTANTS, uncachedWeight: 0.5 };
+    const sa = scoreWorker(a, req, 1500, pool, k);
+    const sb = scoreWorker(b, req, 0, pool, k);
+    assert.equal(best(sa, sb), 'a');
+    // The term is cost only: the predicted TTFT is unchanged.
+    assert.equal(sb.predictedTtftMs, scoreWorker(b, req, 0, pool).predictedTtftMs);
+    assert.equal(sb.cost - scoreWorker(b, req, 0, pool).cost, 0.5 * 0.5 * 2000);
+  });
+
   it('observed speed: a worker with a higher learned ms/token loses', () => {
     assert.equal(
       best(
@@ -91,7 +106,7 @@ describe('scoreWorker: each term moves the choice', () => {
   it('SLO fit: a TTFT target steers to the worker predicted to meet it', () => {
     // Without an SLO the cheaper-overall worker (short TPOT) wins despite a slower TTFT…
     const a = idle('a', { msPerToken: 0.5, tpotBaseMs: 10 });
-    const b = idle('b', { msPerToken: 0.4, tpotBaseMs: 80 });
+    const b = idle('b', { msPerToken: 0.4, tpotBaseMs: 300 });
     assert.equal(best(scoreWorker(a, req, 0, pool), scoreWorker(b, req, 0, pool)), 'a');
     // …with X-SLO-TTFT-Ms 1000 only b (predicted ≈ 826 ms) meets it.
     const slo = { promptTokens: 2000, slo: { ttftMs: 1000 } };
@@ -211,6 +226,35 @@ describe('WorkerScorer', () => {
     s.fail(c.route);
     assert.equal(s.inFlight(id), 0);
     assert.equal(s.snapshot().find((x) => x.workerId === id)!.running, 0);
+  });
+
+  it('with a clock, credits the prefill already done on the oldest queued request', () => {
+    const s = make(1000);
+    const one: Candidate[] = [{ id: 'w1' }];
+    const ahead = (nowMs?: number): number => {
+      const c = s.choose(one, request(s, 'probe', nowMs === undefined ? {} : { nowMs }));
+      assert.ok(c.ok);
+      s.fail(c.route, nowMs === undefined ? undefined : { nowMs });
+      return c.route.aheadTokens;
+    };
+    // Teach w1 its speed: 0.5 ms per token of work.
+    const t = s.choose(one, request(s, 'x'.repeat(400), { nowMs: 0 }));
+    assert.ok(t.ok);
+    s.finish(t.route, { ttftMs: 0.5 * t.route.workTokens });
+    // Two cold requests queued at t = 1000: the first starts at once.
+    const a = s.choose(one, request(s, 'a'.repeat(4000), { nowMs: 1000 }));
+    const b = s.choose(one, request(s, 'b'.repeat(4000), { nowMs: 1000 }));
+    assert.ok(a.ok && b.ok);
+    const both = a.route.workTokens + b.route.workTokens;
+    assert.equal(ahead(), both, 'no clock: nothing credited');
+    assert.equal(ahead(1000), both);
+    assert.equal(ahead(1000 + 0.5 * 400), both - 400, '400 tokens of a are done');
+    // a has no first token yet, so at most its own work is credited.
+    assert.equal(ahead(1e6), b.route.workTokens);
+    // a's first token: b starts then, and is credited from that moment.
+    s.firstToken(a.route, { nowMs: 5000 });
+    assert.equal(ahead(5000), b.route.workTokens);
+    assert.equal(ahead(5000 + 0.5 * 100), b.route.workTokens - 100);
   });
 
   it('feeds reported cached_tokens back into the prefix index', () => {

@@ -9,13 +9,18 @@
  *   R  = max(router's running on w, exported running)
  *   P̂  = b_w × (1 + κ·(R + 1))                                       predicted TPOT
  *   kv = 1 + K_kv × max(0, usage − knee) / (1 − knee)                KV-cache pressure
- *   cost = T̂·kv + W_tpot·P̂ + S_miss·[T̂·kv > SLO TTFT] + S_miss·[P̂ > SLO TPOT]
+ *   cost = T̂·kv + W_tpot·P̂ + β·m_w·u
+ *        + S_miss·[T̂·kv > SLO TTFT] + S_miss·[P̂ > SLO TPOT]
  *
  * m_w (ms per token of prefill work, queue included) and b_w (TPOT at an empty
  * batch) are per-worker EWMAs of observed TTFT and TPOT, each normalised by the work
  * the request found when it was dispatched, so a slow or overloaded worker is seen
  * as such within a few responses. "Pending prefill work" is Σ (u + τ) of this
- * router's requests on w that have not produced their first token yet.
+ * router's requests on w that have not produced their first token yet, less the
+ * progress of the oldest of them when the caller passes its clock (`nowMs`): it has
+ * been prefilling since the previous first token on w, at m_w per token.
+ * β·m_w·u is the worker time the uncached tokens take from the requests after this
+ * one (and the cache they evict): T̂ alone is this request's own latency only.
  *
  * service_tier: adding ±15 to every worker's score changes no choice, so the hint
  * acts on admission instead: a worker admits a request while the router's in-flight
@@ -26,7 +31,7 @@
  *
  * Pure parts (`scoreWorker`, `admits`) are plain functions over plain data; the
  * `WorkerScorer` class holds the per-worker state and the prefix index. Time comes
- * from the caller (observed latencies), so nothing here reads a clock.
+ * from the caller (observed latencies, optional `nowMs`), so nothing here reads a clock.
  */
 import { PrefixIndex, type PromptBlocks, type RoutedPrompt } from './prefix-index.js';
 import { TIER_ADJUSTMENT, type ServiceTierHint, type SloTargets } from './slo.js';
@@ -48,17 +53,23 @@ export interface ScoreConstants {
   sloMissMs: number;
   /** EWMA weight of each new observation. */
   ewmaAlpha: number;
+  /**
+   * β: cost of each uncached token beyond this request's TTFT, × m_w: the worker
+   * time it takes from later requests (and the cache entries it evicts).
+   */
+  uncachedWeight: number;
 }
 
 export const DEFAULT_SCORE_CONSTANTS: Readonly<ScoreConstants> = {
   requestOverheadTokens: 64,
   priorMsPerToken: 0.5,
   batchSlope: 0.02,
-  tpotWeight: 4,
+  tpotWeight: 1,
   kvKnee: 0.8,
   kvWeight: 1,
   sloMissMs: 2000,
   ewmaAlpha: 0.2,
+  uncachedWeight: 0,
 };
 
 /** What the router knows of one worker when scoring (all plain data). */
@@ -126,7 +137,7 @@ export function scoreWorker(
   let slo = 0;
   if (req.slo.ttftMs !== undefined && predictedTtft > req.slo.ttftMs) slo += k.sloMissMs;
   if (req.slo.tpotMs !== undefined && tpot > req.slo.tpotMs) slo += k.sloMissMs;
-  const cost = predictedTtft + k.tpotWeight * tpot + slo;
+  const cost = predictedTtft + k.tpotWeight * tpot + slo + k.uncachedWeight * m * uncached;
   return {
     workerId: w.id,
     score: -cost,
@@ -173,6 +184,11 @@ export interface RouteRequest {
   promptTokens?: number;
   slo: SloTargets;
   tier: ServiceTierHint;
+  /**
+   * The caller's clock (any monotonic ms). When given here and to `firstToken`, the
+   * prefill already done on the oldest queued request is credited (see `pendingAt`).
+   */
+  nowMs?: number;
 }
 
 /** A routed request; pass it back to `firstToken`, `finish` or `fail`. */
@@ -208,6 +224,10 @@ interface WorkerState {
   running: number;
   msPerToken: number | undefined;
   tpotBaseMs: number | undefined;
+  /** Routes on the worker without a first token, in dispatch order. */
+  queued: Set<Route>;
+  /** Since when the oldest of `queued` has been prefilling, on the caller's clock. */
+  progressAt: number | undefined;
 }
 
 export interface WorkerScorerOptions {
@@ -255,7 +275,7 @@ export class WorkerScorer {
       const s = scoreWorker(
         {
           id: c.id,
-          pendingPrefillTokens: st?.pendingPrefillTokens ?? 0,
+          pendingPrefillTokens: st ? this.pendingAt(st, req.nowMs, pool) : 0,
           running: st?.running ?? 0,
           exportedWaiting: c.exported?.waiting,
           exportedRunning: c.exported?.running,
@@ -282,6 +302,8 @@ export class WorkerScorer {
     const st = this.state(best.workerId);
     st.inFlight++;
     st.pendingPrefillTokens += work;
+    // An empty queue: the worker starts this prefill now.
+    if (st.queued.size === 0) st.progressAt = req.nowMs;
     const route: Route = {
       workerId: best.workerId,
       predictedCachedTokens: best.predictedCachedTokens,
@@ -294,15 +316,16 @@ export class WorkerScorer {
       done: false,
       runningAtFirstToken: 0,
     };
+    st.queued.add(route);
     return { ok: true, route, scores };
   }
 
   /** The first byte of the response arrived: the request leaves the prefill queue. */
-  firstToken(route: Route): void {
+  firstToken(route: Route, at?: { nowMs?: number }): void {
     if (route.started || route.done) return;
     route.started = true;
     const st = this.state(route.workerId);
-    st.pendingPrefillTokens = Math.max(0, st.pendingPrefillTokens - route.workTokens);
+    this.leaveQueue(st, route, at?.nowMs);
     route.runningAtFirstToken = st.running;
     st.running++;
   }
@@ -326,6 +349,7 @@ export class WorkerScorer {
       const base = outcome.tpotMs / (1 + k.batchSlope * (route.runningAtFirstToken + 1));
       st.tpotBaseMs = ewma(st.tpotBaseMs, base, k.ewmaAlpha);
     }
+    this.index.release(route.workerId, route.prompt);
     if (outcome.cachedTokens !== undefined) {
       this.index.observe(
         route.workerId,
@@ -338,13 +362,13 @@ export class WorkerScorer {
   }
 
   /** The request failed or was abandoned (before or after its first byte). */
-  fail(route: Route): void {
+  fail(route: Route, at?: { nowMs?: number }): void {
     if (route.done) return;
     route.done = true;
     const st = this.state(route.workerId);
     st.inFlight = Math.max(0, st.inFlight - 1);
     if (route.started) st.running = Math.max(0, st.running - 1);
-    else st.pendingPrefillTokens = Math.max(0, st.pendingPrefillTokens - route.workTokens);
+    else this.leaveQueue(st, route, at?.nowMs);
   }
 
   inFlight(workerId: string): number {
@@ -358,8 +382,49 @@ export class WorkerScorer {
   }
 
   /** Per-worker learned figures, for /metrics. */
-  snapshot(): Array<{ workerId: string } & WorkerState> {
-    return [...this.workers].map(([workerId, s]) => ({ workerId, ...s }));
+  snapshot(): Array<{
+    workerId: string;
+    inFlight: number;
+    pendingPrefillTokens: number;
+    running: number;
+    msPerToken: number | undefined;
+    tpotBaseMs: number | undefined;
+  }> {
+    return [...this.workers].map(([workerId, s]) => ({
+      workerId,
+      inFlight: s.inFlight,
+      pendingPrefillTokens: s.pendingPrefillTokens,
+      running: s.running,
+      msPerToken: s.msPerToken,
+      tpotBaseMs: s.tpotBaseMs,
+    }));
+  }
+
+  /**
+   * Prefill work still ahead on the worker, token-equivalents: the work of its queued
+   * routes, less what the oldest one (the engine prefills in arrival order) has done
+   * since it started: elapsed ÷ m_w, capped at its own work since it has no first
+   * token yet. Without a clock, nothing is credited.
+   */
+  private pendingAt(st: WorkerState, nowMs: number | undefined, pool: PoolView): number {
+    const pending = st.pendingPrefillTokens;
+    if (nowMs === undefined || st.progressAt === undefined) return pending;
+    const head = st.queued.values().next().value as Route | undefined;
+    if (!head) return pending;
+    const m = st.msPerToken ?? pool.msPerToken;
+    const done = Math.min(head.workTokens, Math.max(0, nowMs - st.progressAt) / m);
+    return Math.max(0, pending - done);
+  }
+
+  /** A route leaves the prefill queue (first token or failure). */
+  private leaveQueue(st: WorkerState, route: Route, nowMs: number | undefined): void {
+    st.pendingPrefillTokens = Math.max(0, st.pendingPrefillTokens - route.workTokens);
+    const wasHead = st.queued.values().next().value === route;
+    st.queued.delete(route);
+    // The next queued route starts now; a head that left at an unknown time leaves
+    // the next one's start unknown too (no credit until the next event).
+    if (nowMs !== undefined) st.progressAt = nowMs;
+    else if (wasHead) st.progressAt = undefined;
   }
 
   private poolView(): PoolView {
@@ -393,6 +458,8 @@ export class WorkerScorer {
         running: 0,
         msPerToken: undefined,
         tpotBaseMs: undefined,
+        queued: new Set(),
+        progressAt: undefined,
       };
       this.workers.set(id, s);
     }
