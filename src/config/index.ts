@@ -33,6 +33,10 @@ export interface Config {
   routeCacheTtlMs: number;
   /** Requests in flight from one router to one worker before it counts as saturated. */
   workerMaxInFlight: number;
+  /** Requests that may wait in the router for a worker per (model, tier); 0 = none. */
+  routerQueueDepth: number;
+  /** Longest wait in that queue before 429 `capacity_exceeded` (ms; the tier deadline caps it). */
+  routerQueueTimeoutMs: number;
   /** Token `switchyard worker --register` presents; unset = self-registration off. */
   workerToken: string | undefined;
   /** Worker monitor period: /metrics scrape, health check, heartbeat sweep (ms; 0 = off). */
@@ -141,6 +145,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dbPoolSize: int(env, 'SWITCHYARD_DB_POOL_SIZE', 10, 1),
     routeCacheTtlMs: int(env, 'SWITCHYARD_ROUTE_CACHE_TTL_MS', 1_000, 0),
     workerMaxInFlight: int(env, 'SWITCHYARD_WORKER_MAX_INFLIGHT', 256, 1),
+    routerQueueDepth: int(env, 'SWITCHYARD_ROUTER_QUEUE_DEPTH', 64, 0),
+    routerQueueTimeoutMs: int(env, 'SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS', 5_000, 0),
     workerToken: nonEmpty(env.SWITCHYARD_WORKER_TOKEN),
     workerScrapeMs: int(env, 'SWITCHYARD_WORKER_SCRAPE_MS', 1_000, 0),
     workerHeartbeatMs: int(env, 'SWITCHYARD_WORKER_HEARTBEAT_MS', 5_000, 100),

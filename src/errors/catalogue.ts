@@ -57,6 +57,13 @@ export const catalogue = {
   ),
   webhook_not_found: e(404, 'invalid_request_error', false, 'No such webhook endpoint.'),
   delivery_not_found: e(404, 'invalid_request_error', false, 'No such webhook delivery.'),
+  slo_limit: e(
+    400,
+    'invalid_request_error',
+    false,
+    'The endpoint already has the maximum number of SLOs.',
+  ),
+  slo_not_found: e(404, 'invalid_request_error', false, 'No such SLO.'),
   route_not_found: e(404, 'invalid_request_error', false, 'Unknown route.'),
   method_not_allowed: e(405, 'invalid_request_error', false, 'Method not allowed.'),
   conflict: e(409, 'invalid_request_error', false, 'The resource already exists.'),

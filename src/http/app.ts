@@ -10,6 +10,7 @@ import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
 import { execRoutes } from '../exec/routes.js';
 import { billingRoutes } from '../billing/routes.js';
+import { sloRoutes } from '../slos/routes.js';
 import { registrationRoutes } from '../operator/registration.js';
 import { operatorRoutes } from '../operator/routes.js';
 import { projectRoutes } from '../projects/routes.js';
@@ -110,6 +111,7 @@ export async function buildApp(
   await app.register(keyRoutes(services));
   await app.register(webhookRoutes(services));
   await app.register(billingRoutes(services));
+  await app.register(sloRoutes(services));
   await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
   return app;

@@ -33,8 +33,11 @@ import type { ExecService } from '../exec/service.js';
 import { authenticateKey } from '../http/auth.js';
 import type { Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
+import { renderForIndex } from '../routing/prefix-index.js';
+import type { Lease, RouteHints, WorkerPool } from '../routing/pool.js';
 import type { WorkerRecord } from '../routing/registry.js';
-import type { WorkerPool } from '../routing/pool.js';
+import { parseServiceTier, parseSloHeaders, type SloTargets } from '../routing/slo.js';
+import type { Metrics } from '../runtime/metrics.js';
 import type { Clock, Timer } from '../runtime/clock.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier, TierId } from '../tiers/index.js';
@@ -75,6 +78,12 @@ export interface ChatDeps {
   exec?: ExecService;
   /** OpenTelemetry (runtime/tracing); null or absent: no spans, no trace headers. */
   tracing?: Tracing | null;
+  metrics?: Metrics;
+  /**
+   * The endpoint's SLO targets (its SLO records), used as routing hints when the
+   * request sends no `X-SLO-*` header of its own.
+   */
+  sloTargets?: (endpointId: string) => SloTargets | Promise<SloTargets>;
 }
 
 /** With tracing on: each request's SERVER span and its current upstream CLIENT span. */
@@ -295,23 +304,22 @@ export class ChatCompletions {
       promptTokens,
       contextWindow: endpoint.contextWindow,
     });
-    const candidates = await d.pool.candidates(endpoint.modelId, endpoint.tierId);
-    const worker = d.pool.pick(candidates);
-    if (!worker && d.pool.saturated(candidates)) {
-      throw new ServiceError('capacity_exceeded', {
-        message: 'Every worker of this endpoint is saturated; retry shortly.',
-        headers: { 'Retry-After': '1' },
-        extra: { retry_after: 1 },
-      });
-    }
-    if (!worker) {
-      throw new ServiceError('unavailable', {
-        message: 'No healthy worker serves this endpoint right now.',
-        headers: { 'Retry-After': '5' },
-      });
-    }
-
     const startedAt = d.clock.now();
+    const candidates = await d.pool.candidates(endpoint.modelId, endpoint.tierId);
+    const slo = parseSloHeaders(request.headers);
+    if (d.sloTargets && slo.ttftMs === undefined && slo.tpotMs === undefined) {
+      const defaults = await d.sloTargets(endpoint.id);
+      if (defaults.ttftMs !== undefined) slo.ttftMs = defaults.ttftMs;
+      if (defaults.tpotMs !== undefined) slo.tpotMs = defaults.tpotMs;
+    }
+    const hints: RouteHints = {
+      blocks: d.pool.scorer.index.blocks(renderForIndex(req.messages)),
+      promptTokens,
+      slo,
+      tier: parseServiceTier(req.serviceTier),
+    };
+    const lease = await this.admit(reply, candidates, hints, tier);
+    const worker = lease.worker;
     const ctx: ReframeContext = {
       id: request.id,
       created: Math.floor(startedAt / 1000),
@@ -338,17 +346,66 @@ export class ChatCompletions {
           : null,
       original: clamp.original,
       candidates,
+      hints,
+      lease,
+      waitedMs: d.clock.now() - startedAt,
       tried: new Set([worker.id]),
     };
-    d.pool.acquire(worker.id);
     try {
       if (req.xExec && d.exec) await this.bridge(run, d.exec);
       else if (req.stream) await this.stream(run);
       else await this.complete(run);
     } finally {
-      d.pool.release(run.worker.id);
+      // Normally released by `record`; this covers a throw before it.
+      d.pool.abandon(run.lease);
     }
   };
+
+  /** A worker for the request now, or after a wait in the router's queue; else 429 / 503. */
+  private async admit(
+    reply: FastifyReply,
+    candidates: readonly WorkerRecord[],
+    hints: RouteHints,
+    tier: Tier,
+  ): Promise<Lease> {
+    const d = this.d;
+    const now = d.pool.route(candidates, hints);
+    if (now) return now;
+    let result: Lease | 'unavailable' | 'capacity_exceeded' = 'unavailable';
+    if (candidates.length > 0) {
+      // Saturated: wait, unless the client leaves first.
+      const gone = new AbortController();
+      const onClose = () => gone.abort();
+      reply.raw.once('close', onClose);
+      try {
+        result = await d.pool.admit(candidates, hints, {
+          maxWaitMs: tier.requestDeadlineMs,
+          signal: gone.signal,
+        });
+      } finally {
+        reply.raw.off('close', onClose);
+      }
+      if (gone.signal.aborted) {
+        // Nobody to answer; a lease obtained at the last moment goes back at once.
+        if (typeof result === 'object') d.pool.abandon(result);
+        throw new ServiceError('cancelled');
+      }
+    }
+    if (result === 'capacity_exceeded') {
+      throw new ServiceError('capacity_exceeded', {
+        message: 'Every worker of this endpoint is saturated; retry shortly.',
+        headers: { 'Retry-After': '1' },
+        extra: { retry_after: 1 },
+      });
+    }
+    if (result === 'unavailable') {
+      throw new ServiceError('unavailable', {
+        message: 'No healthy worker serves this endpoint right now.',
+        headers: { 'Retry-After': '5' },
+      });
+    }
+    return result;
+  }
 
   /** `x_exec: true`: the tool bridge runs the rounds (src/inference/bridge.ts). */
   private bridge(run: Run, exec: ExecService): Promise<void> {
@@ -364,9 +421,11 @@ export class ChatCompletions {
       startedAt: run.startedAt,
       reply: run.reply,
       streams: this.d.streams,
-      send: (body, signal) => {
+      send: async (body, signal) => {
         run.body = { ...body, max_tokens: run.body.max_tokens };
-        return this.send(run, signal);
+        const res = await this.send(run, signal);
+        this.d.pool.success(run.worker.id);
+        return res;
       },
       responseHeaders: () => ({
         'X-Service-Worker-ID': run.worker.id,
@@ -385,12 +444,12 @@ export class ChatCompletions {
     const d = this.d;
     d.pool.failure(run.worker.id);
     if (run.tried.size >= MAX_WORKER_TRIES) return false;
-    const next = d.pool.pick(run.candidates, run.tried);
+    const next = d.pool.route(run.candidates, run.hints, run.tried);
     if (!next) return false;
-    d.pool.release(run.worker.id);
-    d.pool.acquire(next.id);
-    run.tried.add(next.id);
-    run.worker = next;
+    d.pool.abandon(run.lease);
+    run.lease = next;
+    run.tried.add(next.worker.id);
+    run.worker = next.worker;
     return true;
   }
 
@@ -424,7 +483,6 @@ export class ChatCompletions {
         }
         throw upstreamFailure(res.statusCode, text);
       }
-      d.pool.success(run.worker.id);
       break;
     }
     if (res.statusCode === 400) {
@@ -460,8 +518,20 @@ export class ChatCompletions {
     let outcome: Outcome = 'error';
     let usage: Usage | null = null;
     try {
-      const res = await this.send(run, abort.signal);
-      const text = await res.body.text();
+      let text: string;
+      for (;;) {
+        const res = await this.send(run, abort.signal);
+        try {
+          text = await res.body.text();
+          break;
+        } catch (err) {
+          // The worker died after its headers: the client has nothing yet, so another
+          // worker may answer.
+          if (abort.signal.aborted || !this.failover(run)) throw err;
+          this.d.logger.warn({ err, next: run.worker.id }, 'worker failed mid-body; failing over');
+        }
+      }
+      this.d.pool.success(run.worker.id);
       let parsed: unknown;
       try {
         parsed = JSON.parse(text);
@@ -520,31 +590,14 @@ export class ChatCompletions {
       abort.abort();
     };
     this.d.streams.add(cancel);
-    const acc = new StreamAccumulator(run.ctx, run.startedAt);
+    let acc = new StreamAccumulator(run.ctx, run.startedAt);
     let outcome: Outcome = 'error';
-    let headersSent = false;
-    try {
-      let res: UpstreamResponse | null = null;
-      try {
-        res = await this.send(run, abort.signal);
-      } catch (err) {
-        if (serverEnded) {
-          outcome = 'cancelled';
-          throw new ServiceError('unavailable', {
-            message: 'The server is shutting down; retry on another instance.',
-            headers: { 'Retry-After': '1' },
-          });
-        }
-        if (deadline.timedOut) {
-          // Nothing streamed yet; the timeout is still reported as the SSE error event.
-          outcome = 'timeout';
-        } else if (clientGone) {
-          outcome = 'cancelled';
-          return;
-        } else {
-          throw err instanceof ServiceError ? err : mapTransport(err);
-        }
-      }
+    // Nothing reaches the client before the first generated token (or the end of a
+    // stream without one): until then a worker that dies is replaced by another one.
+    let committed = false;
+    const commit = () => {
+      if (committed) return;
+      committed = true;
       reply.hijack();
       const headers: Record<string, string> = {
         'content-type': 'text/event-stream; charset=utf-8',
@@ -556,88 +609,141 @@ export class ChatCompletions {
       };
       if (run.clampHeader) headers[CLAMP_HEADER.toLowerCase()] = run.clampHeader;
       raw.writeHead(200, { ...(reply.getHeaders() as Record<string, string>), ...headers });
-      headersSent = true;
-      if (res === null) {
-        raw.end(sseError('request_timeout', timeoutMessage(deadline, tier)));
-        return;
-      }
-
-      const parser = new SseParser();
-      let generating = false;
-      let done = false;
-      let upstreamError: string | null = null;
-      try {
-        for await (const chunk of res.body) {
-          deadline.touch();
-          const now = clock.now();
-          for (const ev of parser.feed(chunk as Uint8Array)) {
-            if (isDone(ev)) {
-              done = true;
-              continue;
-            }
-            let payload: unknown;
-            try {
-              payload = JSON.parse(ev.data);
-            } catch (err) {
-              // A worker bug, not the client's problem: skip the event, but say so.
-              this.d.logger.warn(
-                { err, worker: run.worker.id },
-                'worker sent a non-JSON SSE event',
-              );
-              continue;
-            }
-            const errMsg = upstreamErrorMessage(payload);
-            if (errMsg !== null) {
-              upstreamError = errMsg;
-              break;
-            }
-            const out = acc.accept(payload, now);
-            if (!generating && acc.firstTokenSeen) {
-              generating = true;
-              deadline.started();
-            }
-            if (out !== null && !write(raw, sseData(out))) await drained(raw, abort.signal);
+    };
+    try {
+      attempts: for (;;) {
+        let res: UpstreamResponse | null = null;
+        try {
+          res = await this.send(run, abort.signal);
+        } catch (err) {
+          if (serverEnded) {
+            outcome = 'cancelled';
+            throw new ServiceError('unavailable', {
+              message: 'The server is shutting down; retry on another instance.',
+              headers: { 'Retry-After': '1' },
+            });
           }
-          if (upstreamError !== null) break;
+          if (deadline.timedOut) {
+            // Nothing streamed yet; the timeout is still reported as the SSE error event.
+            outcome = 'timeout';
+          } else if (clientGone) {
+            outcome = 'cancelled';
+            return;
+          } else {
+            throw err instanceof ServiceError ? err : mapTransport(err);
+          }
         }
-      } catch (err) {
-        if (serverEnded) {
-          outcome = 'cancelled';
-          raw.end(sseError('cancelled', 'The server is shutting down; the stream was ended.'));
-          return;
-        }
-        if (deadline.timedOut) {
-          outcome = 'timeout';
+        if (res === null) {
+          commit();
           raw.end(sseError('request_timeout', timeoutMessage(deadline, tier)));
           return;
         }
-        if (clientGone) {
+
+        const parser = new SseParser();
+        /** Chunks held back until the first token (the role-only opening chunk). */
+        const held: string[] = [];
+        let generating = false;
+        let done = false;
+        let upstreamError: string | null = null;
+        let broken: unknown = null;
+        try {
+          for await (const chunk of res.body) {
+            deadline.touch();
+            const now = clock.now();
+            for (const ev of parser.feed(chunk as Uint8Array)) {
+              if (isDone(ev)) {
+                done = true;
+                continue;
+              }
+              let payload: unknown;
+              try {
+                payload = JSON.parse(ev.data);
+              } catch (err) {
+                // A worker bug, not the client's problem: skip the event, but say so.
+                this.d.logger.warn(
+                  { err, worker: run.worker.id },
+                  'worker sent a non-JSON SSE event',
+                );
+                continue;
+              }
+              const errMsg = upstreamErrorMessage(payload);
+              if (errMsg !== null) {
+                upstreamError = errMsg;
+                break;
+              }
+              const out = acc.accept(payload, now);
+              if (!generating && acc.firstTokenSeen) {
+                generating = true;
+                deadline.started();
+                this.d.pool.firstToken(run.lease);
+                commit();
+                for (const h of held.splice(0)) raw.write(h);
+              }
+              if (out === null) continue;
+              if (!committed) held.push(sseData(out));
+              else if (!write(raw, sseData(out))) await drained(raw, abort.signal);
+            }
+            if (upstreamError !== null) break;
+          }
+        } catch (err) {
+          if (serverEnded) {
+            outcome = 'cancelled';
+            commit();
+            raw.end(sseError('cancelled', 'The server is shutting down; the stream was ended.'));
+            return;
+          }
+          if (deadline.timedOut) {
+            outcome = 'timeout';
+            commit();
+            raw.end(sseError('request_timeout', timeoutMessage(deadline, tier)));
+            return;
+          }
+          if (clientGone) {
+            outcome = 'cancelled';
+            return;
+          }
+          broken = err;
+        }
+        if (!committed && upstreamError === null && (broken !== null || !done)) {
+          // The worker died before the first token: nothing was sent, so fail over.
+          if (this.failover(run)) {
+            this.d.logger.warn(
+              { err: broken, next: run.worker.id },
+              'worker stream failed before its first token; failing over',
+            );
+            acc = new StreamAccumulator(run.ctx, run.startedAt);
+            continue attempts;
+          }
+        }
+        commit();
+        for (const h of held.splice(0)) raw.write(h);
+        if (broken !== null) {
+          this.d.logger.warn({ err: broken, worker: run.worker.id }, 'worker stream failed');
+          upstreamError = 'The inference worker ended the stream.';
+        }
+        if (upstreamError !== null || !done) {
           outcome = 'cancelled';
+          abort.abort();
+          raw.end(
+            sseError('cancelled', upstreamError ?? 'The inference worker ended the stream early.'),
+          );
           return;
         }
-        this.d.logger.warn({ err, worker: run.worker.id }, 'worker stream failed');
-        upstreamError = 'The inference worker ended the stream.';
-      }
-      if (upstreamError !== null || !done) {
-        outcome = 'cancelled';
-        abort.abort();
-        raw.end(
-          sseError('cancelled', upstreamError ?? 'The inference worker ended the stream early.'),
-        );
+        this.d.pool.success(run.worker.id);
+        outcome = 'completed';
+        if (req.includeUsage) {
+          const chunk = acc.usageChunk();
+          if (chunk.usage) reasoningNull(chunk.usage, run.endpoint);
+          raw.write(sseData(chunk));
+        }
+        raw.end(SSE_DONE);
         return;
       }
-      outcome = 'completed';
-      if (req.includeUsage) {
-        const chunk = acc.usageChunk();
-        if (chunk.usage) reasoningNull(chunk.usage, run.endpoint);
-        raw.write(sseData(chunk));
-      }
-      raw.end(SSE_DONE);
     } finally {
       this.d.streams.delete(cancel);
       deadline.clear();
       raw.off('close', onClose);
-      if (!headersSent && outcome === 'cancelled' && !serverEnded) {
+      if (!committed && outcome === 'cancelled' && !serverEnded) {
         // The client is gone: release the socket instead of leaving it to the keep-alive timer.
         reply.hijack();
         raw.destroy();
@@ -645,6 +751,27 @@ export class ChatCompletions {
       const s = acc.summary();
       this.record(run, outcome, s.usage, s.ttftMs, true);
     }
+  }
+
+  private observe(
+    run: Run,
+    outcome: Outcome,
+    usage: Usage | null,
+    ttftMs: number | null,
+    durationMs: number,
+  ): void {
+    const d = this.d;
+    const o = observation(run, usage, ttftMs, durationMs);
+    if (outcome === 'completed') d.pool.finish(run.lease, o);
+    else d.pool.abandon(run.lease);
+    const m = d.metrics;
+    if (!m) return;
+    const endpoint = run.endpoint.id;
+    m.endpointRequests.inc({ endpoint, outcome });
+    if (outcome !== 'completed') return;
+    if (ttftMs !== null) m.endpointTtft.observe({ endpoint }, ttftMs / 1000);
+    if (o.promptTokens) m.endpointPromptTokens.inc({ endpoint }, o.promptTokens);
+    if (o.cachedTokens) m.endpointCachedTokens.inc({ endpoint }, o.cachedTokens);
   }
 
   private record(
@@ -657,6 +784,8 @@ export class ChatCompletions {
     const u = usage;
     const promptTokens = u?.prompt_tokens ?? 0;
     const completionTokens = u?.completion_tokens ?? 0;
+    const durationMs = this.d.clock.now() - run.startedAt;
+    this.observe(run, outcome, u, ttftMs, durationMs);
     const multiplier =
       run.tier.priceMultiplier * (run.req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1);
     void this.d.limits.addTokens(run.endpoint.id, promptTokens + completionTokens);
@@ -680,12 +809,37 @@ export class ChatCompletions {
       acceptedPredictionTokens: u?.completion_tokens_details.accepted_prediction_tokens ?? null,
       rejectedPredictionTokens: u?.completion_tokens_details.rejected_prediction_tokens ?? null,
       ttftMs,
-      durationMs: this.d.clock.now() - run.startedAt,
+      durationMs,
       user: run.req.user ?? null,
       metadata: run.req.metadata ? { ...run.req.metadata } : null,
       createdAt: new Date(run.startedAt),
     });
   }
+}
+
+/**
+ * Closes the request's lease: a completed one tells the scorer what the worker did
+ * (time to first token and per output token as the worker delivered them, the
+ * router's queue wait taken out; `cached_tokens` for the prefix index), anything
+ * else only frees the slot. Per-endpoint metrics too.
+ */
+function observation(
+  run: Run,
+  usage: Usage | null,
+  ttftMs: number | null,
+  durationMs: number,
+): { ttftMs?: number; tpotMs?: number; promptTokens?: number; cachedTokens?: number } {
+  const o: { ttftMs?: number; tpotMs?: number; promptTokens?: number; cachedTokens?: number } = {};
+  if (usage) {
+    o.promptTokens = usage.prompt_tokens;
+    o.cachedTokens = usage.prompt_tokens_details.cached_tokens;
+  }
+  if (ttftMs !== null) {
+    o.ttftMs = Math.max(0, ttftMs - run.waitedMs);
+    const n = usage?.completion_tokens ?? 0;
+    if (n >= 2) o.tpotMs = Math.max(0, durationMs - ttftMs) / (n - 1);
+  }
+  return o;
 }
 
 interface Run {
@@ -704,6 +858,11 @@ interface Run {
   /** Workers of the endpoint's (model, tier), and those this request already tried. */
   candidates: readonly WorkerRecord[];
   tried: Set<string>;
+  /** What the scorer knows of the request, and its current worker's lease. */
+  hints: RouteHints;
+  lease: Lease;
+  /** Time spent in the router's wait queue before a worker was free. */
+  waitedMs: number;
 }
 
 /** How many workers one request may try before giving up (failover before the first byte). */

@@ -19,6 +19,8 @@ export function inferenceRoutes(s: Services): FastifyPluginAsync {
       streams: s.openStreams,
       exec: s.exec,
       tracing: s.tracing,
+      metrics: s.metrics,
+      sloTargets: (endpointId) => s.slos.targets(endpointId),
     });
     app.post('/:projectId/:endpointSlug/v1/chat/completions', chat.handle);
   };

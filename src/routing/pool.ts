@@ -18,12 +18,71 @@
  * Live signals: the monitor stores each worker's last scrape of its `/metrics`
  * here (`setSignals`); scorers read them with `signals(id)` and the router's own
  * view with `load(id)` / `limit(w)` / `isOpen(id)`.
+ *
+ * Choosing (`route`): the pool filters the candidates (not already tried, breaker
+ * closed or half-open, under the in-flight limit for the request's `service_tier`:
+ * flex 85 %, default/auto 100 %, priority 115 % of the limit, see score.ts
+ * `admissionLimit`) and the WorkerScorer (score.ts) picks among them by predicted
+ * cost: load, KV-cache pressure, prefix-cache affinity, SLO headers. The lease it
+ * returns goes back through `firstToken`, `finish` (observed TTFT, TPOT and
+ * `cached_tokens` correct the scorer and the prefix index) or `abandon`.
+ *
+ * Wait queue (`admit`): when no candidate admits the request, it waits in a queue
+ * per (model, tier) ordered by `service_tier` (priority, default/auto, flex) then
+ * arrival, for at most `queueTimeoutMs` (capped by the caller's deadline); each
+ * released slot hands the head of the queue a worker. Beyond `queueDepth` waiting
+ * requests, or at the wait's end, the request gets 429 `capacity_exceeded`.
  */
-import type { Clock } from '../runtime/clock.js';
+import type { Clock, Timer } from '../runtime/clock.js';
 import type { Metrics } from '../runtime/metrics.js';
 import { TtlCache } from '../runtime/ttl-cache.js';
+import type { PromptBlocks } from './prefix-index.js';
 import type { WorkerRecord, WorkerRegistry } from './registry.js';
+import { admissionLimit, tierRank, WorkerScorer, type Candidate, type Route } from './score.js';
 import type { WorkerSignals } from './signals.js';
+import type { ServiceTierHint, SloTargets } from './slo.js';
+
+/** What the scorer needs to know of one request. */
+export interface RouteHints {
+  blocks: PromptBlocks;
+  promptTokens: number;
+  slo: SloTargets;
+  tier: ServiceTierHint;
+}
+
+/** A worker given to one request; hand it back with `finish` or `abandon` exactly once. */
+export interface Lease {
+  worker: WorkerRecord;
+  route: Route;
+  released: boolean;
+}
+
+export interface WaitOptions {
+  /** Upper bound of the wait (the request's own deadline), ms. */
+  maxWaitMs: number;
+  /** Aborts the wait (the client went away). */
+  signal?: AbortSignal;
+}
+
+export interface QueueSettings {
+  /** Requests that may wait per (model, tier); 0 disables the queue. */
+  depth: number;
+  /** Longest wait, ms. */
+  timeoutMs: number;
+}
+
+interface Waiter {
+  candidates: readonly WorkerRecord[];
+  hints: RouteHints;
+  rank: number;
+  seq: number;
+  resolve: (lease: Lease | null) => void;
+  timer: Timer;
+  done: boolean;
+}
+
+/** Why `admit` returned no lease. */
+export type AdmitFailure = 'unavailable' | 'capacity_exceeded';
 
 export const BREAKER_THRESHOLD = 3;
 export const BREAKER_COOLDOWN_MS = 5000;
@@ -42,6 +101,11 @@ export class WorkerPool {
   private rr = 0;
   /** Signals older than this are not returned (the worker stopped answering scrapes). */
   private signalsMaxAgeMs = Infinity;
+  /** Admission is the pool's (per-worker limits); the scorer only ranks. */
+  readonly scorer = new WorkerScorer({ maxInFlight: Infinity });
+  private readonly queues = new Map<string, Waiter[]>();
+  private waitSeq = 0;
+  private queue: QueueSettings = { depth: 64, timeoutMs: 5000 };
 
   constructor(
     private readonly registry: WorkerRegistry,
@@ -52,6 +116,11 @@ export class WorkerPool {
     private readonly metrics?: Metrics,
   ) {
     this.cache = new TtlCache(clock, ttlMs, 1024);
+    metrics?.setQueueDepth(() => this.queueDepths());
+  }
+
+  setQueue(q: QueueSettings): void {
+    this.queue = q;
   }
 
   candidates(modelId: string, tierId: string): Promise<WorkerRecord[]> | WorkerRecord[] {
@@ -98,6 +167,179 @@ export class WorkerPool {
     return chosen;
   }
 
+  /**
+   * The scorer's choice among the candidates that admit this request now (see the
+   * header), acquired; null when none does. `exclude`: workers this request tried.
+   */
+  route(
+    candidates: readonly WorkerRecord[],
+    hints: RouteHints,
+    exclude?: ReadonlySet<string>,
+  ): Lease | null {
+    const n = candidates.length;
+    if (n === 0) return null;
+    const now = this.clock.now();
+    const open: Candidate[] = [];
+    let fallback: WorkerRecord | null = null;
+    let fallbackOpenUntil = Infinity;
+    for (let i = 0; i < n; i++) {
+      const w = candidates[i]!;
+      if (exclude?.has(w.id)) continue;
+      if ((this.inFlight.get(w.id) ?? 0) >= this.tierLimit(w, hints.tier)) continue;
+      const b = this.breakers.get(w.id);
+      if (b && b.failures >= BREAKER_THRESHOLD && (now < b.openUntil || b.probing)) {
+        if (b.openUntil < fallbackOpenUntil) {
+          fallback = w;
+          fallbackOpenUntil = b.openUntil;
+        }
+        continue;
+      }
+      const s = this.signals(w.id);
+      open.push(
+        s
+          ? {
+              id: w.id,
+              exported: { running: s.running, waiting: s.waiting, kvCacheUsage: s.kvCacheUsage },
+            }
+          : { id: w.id },
+      );
+    }
+    let chosen: WorkerRecord | null = null;
+    let route: Route | null = null;
+    if (open.length > 0) {
+      const c = this.scorer.choose(open, { ...hints, nowMs: now });
+      if (c.ok) {
+        route = c.route;
+        chosen = candidates.find((w) => w.id === c.route.workerId) ?? null;
+      }
+    } else if (fallback) {
+      // Every admitting worker's breaker is open: the least recently opened one is tried.
+      const c = this.scorer.choose([{ id: fallback.id }], { ...hints, nowMs: now });
+      if (c.ok) {
+        route = c.route;
+        chosen = fallback;
+      }
+    }
+    if (!chosen || !route) return null;
+    const b = this.breakers.get(chosen.id);
+    // Past its cool-down an open breaker lets this one request through as the probe.
+    if (b && b.failures >= BREAKER_THRESHOLD && now >= b.openUntil) b.probing = true;
+    this.metrics?.workerChosen.inc({ worker: chosen.id });
+    this.acquire(chosen.id);
+    return { worker: chosen, route, released: false };
+  }
+
+  /**
+   * `route`, or a place in the wait queue when every candidate is at its limit.
+   * Resolves with a lease, or with the reason there is none.
+   */
+  async admit(
+    candidates: readonly WorkerRecord[],
+    hints: RouteHints,
+    wait: WaitOptions,
+  ): Promise<Lease | AdmitFailure> {
+    if (candidates.length === 0) return 'unavailable';
+    const key = queueKey(candidates[0]!);
+    const q = this.queues.get(key);
+    // Requests already waiting go first unless this one outranks them all.
+    const rank = tierRank(hints.tier);
+    if (!q || q.length === 0 || rank > q[0]!.rank) {
+      const lease = this.route(candidates, hints);
+      if (lease) return lease;
+    }
+    const timeoutMs = Math.min(this.queue.timeoutMs, wait.maxWaitMs);
+    if ((q?.length ?? 0) >= this.queue.depth || timeoutMs <= 0 || wait.signal?.aborted) {
+      return 'capacity_exceeded';
+    }
+    return new Promise<Lease | AdmitFailure>((resolve) => {
+      const queue = q ?? [];
+      if (!q) this.queues.set(key, queue);
+      const onAbort = () => leave();
+      const leave = () => {
+        if (w.done) return;
+        w.done = true;
+        w.timer.cancel();
+        wait.signal?.removeEventListener('abort', onAbort);
+        const i = queue.indexOf(w);
+        if (i >= 0) queue.splice(i, 1);
+        if (queue.length === 0) this.queues.delete(key);
+        resolve('capacity_exceeded');
+      };
+      const w: Waiter = {
+        candidates,
+        hints,
+        rank,
+        seq: this.waitSeq++,
+        resolve: (lease) => {
+          wait.signal?.removeEventListener('abort', onAbort);
+          resolve(lease ?? 'capacity_exceeded');
+        },
+        timer: this.clock.setTimer(timeoutMs, leave),
+        done: false,
+      };
+      wait.signal?.addEventListener('abort', onAbort, { once: true });
+      // Higher rank first, then arrival.
+      let i = queue.length;
+      while (i > 0 && queue[i - 1]!.rank < rank) i--;
+      queue.splice(i, 0, w);
+    });
+  }
+
+  /** The first token reached the router: the request leaves the worker's prefill queue. */
+  firstToken(lease: Lease): void {
+    this.scorer.firstToken(lease.route, { nowMs: this.clock.now() });
+  }
+
+  /** The request completed on `lease.worker`; what was observed corrects the scorer. */
+  finish(
+    lease: Lease,
+    o: { ttftMs?: number; tpotMs?: number; promptTokens?: number; cachedTokens?: number },
+  ): void {
+    if (lease.released) return;
+    this.scorer.finish(lease.route, o);
+    this.metrics?.observeWorker(lease.worker.id, o);
+    this.releaseLease(lease);
+  }
+
+  /** The request failed, was cancelled, or moves to another worker. */
+  abandon(lease: Lease): void {
+    if (lease.released) return;
+    this.scorer.fail(lease.route, { nowMs: this.clock.now() });
+    this.releaseLease(lease);
+  }
+
+  private releaseLease(lease: Lease): void {
+    lease.released = true;
+    this.release(lease.worker.id);
+    this.pump(queueKey(lease.worker));
+  }
+
+  /** Hands freed capacity to the waiting requests, head first, while they are admitted. */
+  private pump(key: string): void {
+    const q = this.queues.get(key);
+    if (!q) return;
+    while (q.length > 0) {
+      const w = q[0]!;
+      const lease = this.route(w.candidates, w.hints);
+      if (!lease) break;
+      q.shift();
+      w.done = true;
+      w.timer.cancel();
+      w.resolve(lease);
+    }
+    if (q.length === 0) this.queues.delete(key);
+  }
+
+  /** Requests waiting per (model, tier), for /metrics. */
+  queueDepths(): Array<{ model: string; tier: string; depth: number }> {
+    const out: Array<{ model: string; tier: string; depth: number }> = [];
+    for (const [key, q] of this.queues) {
+      const i = key.indexOf('\u0000');
+      out.push({ model: key.slice(0, i), tier: key.slice(i + 1), depth: q.length });
+    }
+    return out;
+  }
+
   /** In-flight requests this router sends the worker at most (its capacity, if lower). */
   limit(w: Pick<WorkerRecord, 'capacity'>): number {
     return w.capacity != null && w.capacity > 0
@@ -105,11 +347,19 @@ export class WorkerPool {
       : this.maxInFlight;
   }
 
-  /** True when every candidate is at its in-flight limit (429 `capacity_exceeded`). */
-  saturated(candidates: readonly WorkerRecord[]): boolean {
+  /**
+   * The worker's in-flight limit for a `service_tier` (score.ts `admissionLimit`),
+   * at least 1 so that a small limit never shuts flex out of an idle worker.
+   */
+  tierLimit(w: Pick<WorkerRecord, 'capacity'>, tier: ServiceTierHint): number {
+    return Math.max(1, admissionLimit(this.limit(w), tier));
+  }
+
+  /** True when every candidate is at its in-flight limit for `tier` (429 `capacity_exceeded`). */
+  saturated(candidates: readonly WorkerRecord[], tier: ServiceTierHint = 'default'): boolean {
     return (
       candidates.length > 0 &&
-      candidates.every((w) => (this.inFlight.get(w.id) ?? 0) >= this.limit(w))
+      candidates.every((w) => (this.inFlight.get(w.id) ?? 0) >= this.tierLimit(w, tier))
     );
   }
 
@@ -152,6 +402,11 @@ export class WorkerPool {
     this.cache.clear();
   }
 
+  /** Capacity may have appeared (a worker joined, a limit changed): serve the queues. */
+  pumpAll(): void {
+    for (const key of [...this.queues.keys()]) this.pump(key);
+  }
+
   /**
    * The worker's last scraped load signals, or null when it exports none of
    * the known metric families or the last good scrape is too old.
@@ -176,5 +431,11 @@ export class WorkerPool {
   forget(id: string): void {
     this.breakers.delete(id);
     this.live.delete(id);
+    this.scorer.forget(id);
   }
+}
+
+/** One wait queue per (model, tier): model names are unique, and readable as metric labels. */
+function queueKey(w: Pick<WorkerRecord, 'modelName' | 'tierId'>): string {
+  return `${w.modelName}\u0000${w.tierId}`;
 }

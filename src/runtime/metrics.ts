@@ -63,6 +63,87 @@ export class Metrics {
     labelNames: ['worker', 'reason'] as const,
     registers: [this.registry],
   });
+  readonly workerTtft = new Histogram({
+    name: 'switchyard_worker_ttft_seconds',
+    help: 'Time to first token of streamed requests, by worker.',
+    labelNames: ['worker'] as const,
+    buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [this.registry],
+  });
+  readonly workerTpot = new Histogram({
+    name: 'switchyard_worker_tpot_seconds',
+    help: 'Mean time per output token after the first, of streamed requests, by worker.',
+    labelNames: ['worker'] as const,
+    buckets: [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1],
+    registers: [this.registry],
+  });
+  readonly workerPromptTokens = new Counter({
+    name: 'switchyard_worker_prompt_tokens_total',
+    help: 'Prompt tokens of completed requests, by worker (cache-hit ratio: cached ÷ prompt).',
+    labelNames: ['worker'] as const,
+    registers: [this.registry],
+  });
+  readonly workerCachedTokens = new Counter({
+    name: 'switchyard_worker_cached_tokens_total',
+    help: 'Prompt tokens the worker reported served from its prefix cache (`cached_tokens`).',
+    labelNames: ['worker'] as const,
+    registers: [this.registry],
+  });
+  readonly endpointRequests = new Counter({
+    name: 'switchyard_endpoint_requests_total',
+    help: 'Chat completions by endpoint id and outcome (completed, error, timeout, cancelled).',
+    labelNames: ['endpoint', 'outcome'] as const,
+    registers: [this.registry],
+  });
+  readonly endpointTtft = new Histogram({
+    name: 'switchyard_endpoint_ttft_seconds',
+    help: 'Time to first token of streamed requests, by endpoint id.',
+    labelNames: ['endpoint'] as const,
+    buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [this.registry],
+  });
+  readonly endpointPromptTokens = new Counter({
+    name: 'switchyard_endpoint_prompt_tokens_total',
+    help: 'Prompt tokens of completed requests, by endpoint id.',
+    labelNames: ['endpoint'] as const,
+    registers: [this.registry],
+  });
+  readonly endpointCachedTokens = new Counter({
+    name: 'switchyard_endpoint_cached_tokens_total',
+    help: 'Cached prompt tokens of completed requests, by endpoint id.',
+    labelNames: ['endpoint'] as const,
+    registers: [this.registry],
+  });
+  private queueRows: () => Array<{ model: string; tier: string; depth: number }> = () => [];
+  readonly routerQueueDepth = (() => {
+    const rows = () => this.queueRows();
+    return new Gauge({
+      name: 'switchyard_router_queue_depth',
+      help: "Requests waiting in the router's queue for a worker, by model and tier.",
+      labelNames: ['model', 'tier'] as const,
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const r of rows()) this.set({ model: r.model, tier: r.tier }, r.depth);
+      },
+    });
+  })();
+
+  setQueueDepth(rows: () => Array<{ model: string; tier: string; depth: number }>): void {
+    this.queueRows = rows;
+  }
+
+  /** A completed request's observations, per worker. */
+  observeWorker(
+    worker: string,
+    o: { ttftMs?: number; tpotMs?: number; promptTokens?: number; cachedTokens?: number },
+  ): void {
+    if (o.ttftMs !== undefined) this.workerTtft.observe({ worker }, o.ttftMs / 1000);
+    if (o.tpotMs !== undefined) this.workerTpot.observe({ worker }, o.tpotMs / 1000);
+    if (o.promptTokens) this.workerPromptTokens.inc({ worker }, o.promptTokens);
+    if (o.cachedTokens) this.workerCachedTokens.inc({ worker }, o.cachedTokens);
+  }
+
   private workerRows: () => WorkerGaugeRow[] = () => [];
   private readonly workerGauges = (() => {
     const gauge = (name: string, help: string, pick: (r: WorkerGaugeRow) => number | null) => {
@@ -123,9 +204,17 @@ export class Metrics {
 
   /** Drops a removed worker's counters. */
   forgetWorker(id: string): void {
-    for (const c of [this.workerRequests, this.workerErrors, this.workerChosen]) {
+    for (const c of [
+      this.workerRequests,
+      this.workerErrors,
+      this.workerChosen,
+      this.workerPromptTokens,
+      this.workerCachedTokens,
+    ]) {
       c.remove({ worker: id });
     }
+    this.workerTtft.remove({ worker: id });
+    this.workerTpot.remove({ worker: id });
     for (const reason of SCRAPE_FAILURE_REASONS) {
       this.workerScrapeFailures.remove({ worker: id, reason });
     }
@@ -134,6 +223,7 @@ export class Metrics {
   constructor(opts: { defaults?: boolean } = {}) {
     if (opts.defaults) collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_' });
     void this.workerGauges;
+    void this.routerQueueDepth;
   }
 }
 

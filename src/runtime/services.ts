@@ -4,6 +4,7 @@
  * never construct dependencies themselves.
  */
 import { BudgetAlerts } from '../billing/budget-alerts.js';
+import { SloService } from '../slos/service.js';
 import type { AgentTransport } from '../exec/contracts.js';
 import { ExecService } from '../exec/service.js';
 import { BillingGate } from '../billing/gate.js';
@@ -70,6 +71,8 @@ export interface Services {
   dispatcher: Dispatcher;
   webhooks: WebhookService;
   budgetAlerts: BudgetAlerts;
+  /** SLO records; `slos.targets(endpointId)` is the router's read of an endpoint's tightest targets. */
+  slos: SloService;
   /**
    * The execution surface's control plane; also the broker's `AgentDirectory`.
    * The broker plugs its transport in with `exec.setTransport(t)`.
@@ -199,6 +202,7 @@ export async function createServices(
     config.workerMaxInFlight,
     metrics,
   );
+  pool.setQueue({ depth: config.routerQueueDepth, timeoutMs: config.routerQueueTimeoutMs });
   const monitor = new WorkerMonitor({
     registry: workers,
     endpoints,
@@ -221,8 +225,12 @@ export async function createServices(
     if (m.kind === 'key') verifier.invalidate(m.id);
     else if (m.kind === 'endpoint') endpointCache.clear();
     else if (m.kind === 'project') billing.invalidate(m.id);
-    else pool.invalidate();
+    else {
+      pool.invalidate();
+      pool.pumpAll();
+    }
   });
+  const slos = new SloService(store.db, deps.clock, endpoints, bus, config.routeCacheTtlMs);
   const exec = new ExecService({
     db: store.db,
     clock: deps.clock,
@@ -274,6 +282,7 @@ export async function createServices(
     dispatcher,
     webhooks,
     budgetAlerts,
+    slos,
     exec,
     metrics,
     tracing,

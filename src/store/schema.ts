@@ -12,6 +12,7 @@ import { sql } from 'drizzle-orm';
 import {
   bigint,
   check,
+  doublePrecision,
   index,
   integer,
   jsonb,
@@ -568,5 +569,40 @@ export const approvals = pgTable(
       'approvals_status_check',
       sql`${t.status} in ('pending', 'accepted', 'rejected', 'expired')`,
     ),
+  ],
+);
+
+/**
+ * Latency objectives of an inference endpoint (src/slos/): a TTFT and/or TPOT
+ * target in ms, the fraction of requests that must meet it, and the rolling
+ * window it is judged over. Attainment is computed from `usage_records` when
+ * read, never stored.
+ */
+export const slos = pgTable(
+  'slos',
+  {
+    id: uuid('id').primaryKey(),
+    /** `slo_<hex>` */
+    externalId: text('external_id').notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => endpoints.id),
+    name: text('name').notNull().default(''),
+    ttftMs: doublePrecision('ttft_ms'),
+    tpotMs: doublePrecision('tpot_ms'),
+    objective: doublePrecision('objective').notNull(),
+    windowSeconds: integer('window_seconds').notNull(),
+    createdAt: createdAt(),
+    updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'date' }).notNull(),
+  },
+  (t) => [
+    uniqueIndex('slos_external_id_key').on(t.externalId),
+    index('slos_endpoint_idx').on(t.endpointId),
+    index('slos_project_created_idx').on(t.projectId, t.createdAt),
+    check('slos_target_check', sql`${t.ttftMs} is not null or ${t.tpotMs} is not null`),
+    check('slos_objective_check', sql`${t.objective} > 0 and ${t.objective} < 1`),
   ],
 );

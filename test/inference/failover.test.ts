@@ -94,7 +94,9 @@ describe('capacity', () => {
   });
 
   it('all workers saturated: 429 capacity_exceeded with Retry-After', async () => {
-    s = await startTestServer({ env: { SWITCHYARD_WORKER_MAX_INFLIGHT: '1' } });
+    s = await startTestServer({
+      env: { SWITCHYARD_WORKER_MAX_INFLIGHT: '1', SWITCHYARD_ROUTER_QUEUE_DEPTH: '0' },
+    });
     const { clockSleep } = await import('../../src/workers/sim/index.js');
     w = await startSimWorker({
       model: 'cm',
