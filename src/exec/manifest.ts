@@ -15,7 +15,8 @@
  * `manifest_hash` is the SHA-256 of its canonical JSON (see canonical.ts), so
  * an agent can compute the same hash from its own manifest file.
  */
-import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
+import type { Ajv2020 as Ajv2020Type, ValidateFunction } from 'ajv/dist/2020.js';
+import { createRequire } from 'node:module';
 import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import { formatPath } from '../http/validate.js';
@@ -54,7 +55,20 @@ export type ManifestCheck =
   { ok: true; manifest: Manifest; hash: string } | { ok: false; message: string; param: string };
 
 /** One Ajv instance: schemas are compiled, never evaluated as code from agents' strings. */
-const ajv = new Ajv2020({ allErrors: false, strict: false, validateFormats: false });
+/**
+ * Ajv, created on first use through a synchronous require: a router that never
+ * sees an agent manifest or a tool invocation does not keep it in memory.
+ */
+let ajvInstance: Ajv2020Type | null = null;
+function ajvLib(): Ajv2020Type {
+  if (!ajvInstance) {
+    const { Ajv2020 } = createRequire(import.meta.url)('ajv/dist/2020.js') as {
+      Ajv2020: typeof Ajv2020Type;
+    };
+    ajvInstance = new Ajv2020({ allErrors: false, strict: false, validateFormats: false });
+  }
+  return ajvInstance;
+}
 
 export function validateManifest(raw: unknown): ManifestCheck {
   const r = manifestSchema.safeParse(raw);
@@ -84,6 +98,7 @@ export function validateManifest(raw: unknown): ManifestCheck {
 }
 
 function schemaProblem(schema: Record<string, unknown>): string | null {
+  const ajv = ajvLib();
   try {
     if (!ajv.validateSchema(schema)) return ajv.errorsText(ajv.errors, { dataVar: 'schema' });
     // Compiling also resolves `$ref`s; the result is cached per hash below.
@@ -111,6 +126,7 @@ export function checkArguments(
   const key = `${manifestHash}:${tool.name}`;
   let validate = validators.get(key);
   if (!validate) {
+    const ajv = ajvLib();
     validate = ajv.compile(tool.input_schema);
     ajv.removeSchema(tool.input_schema);
     validators.set(key, validate);

@@ -16,14 +16,8 @@
  * with the code of the HTTP surface (`tool_not_mcp_visible`,
  * `exec_tool_not_found`, `invocation_not_found`, …).
  */
-import { Server } from '@modelcontextprotocol/sdk/server/index.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import {
-  CallToolRequestSchema,
-  ListToolsRequestSchema,
-  type CallToolResult,
-  type Tool,
-} from '@modelcontextprotocol/sdk/types.js';
+import type { Server } from '@modelcontextprotocol/sdk/server/index.js';
+import type { CallToolResult, Tool } from '@modelcontextprotocol/sdk/types.js';
 import { and, eq, sql } from 'drizzle-orm';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
@@ -282,8 +276,36 @@ async function callExecTool(
   }
 }
 
+/**
+ * The MCP SDK, loaded on the first MCP request: it and its schema libraries are
+ * about 15 MiB of a router's resident memory that deployments without MCP
+ * clients never need.
+ */
+let sdk: Promise<{
+  Server: typeof import('@modelcontextprotocol/sdk/server/index.js').Server;
+  StreamableHTTPServerTransport: typeof import('@modelcontextprotocol/sdk/server/streamableHttp.js').StreamableHTTPServerTransport;
+  types: typeof import('@modelcontextprotocol/sdk/types.js');
+}> | null = null;
+
+function loadSdk(): NonNullable<typeof sdk> {
+  sdk ??= Promise.all([
+    import('@modelcontextprotocol/sdk/server/index.js'),
+    import('@modelcontextprotocol/sdk/server/streamableHttp.js'),
+    import('@modelcontextprotocol/sdk/types.js'),
+  ]).then(([server, http, types]) => ({
+    Server: server.Server,
+    StreamableHTTPServerTransport: http.StreamableHTTPServerTransport,
+    types,
+  }));
+  return sdk;
+}
+
 /** One SDK server for one HTTP request, bound to the key's project. */
-function buildServer(c: Omit<McpCall, 'signal'>): Server {
+function buildServer(
+  { Server, types }: Awaited<ReturnType<typeof loadSdk>>,
+  c: Omit<McpCall, 'signal'>,
+): Server {
+  const { CallToolRequestSchema, ListToolsRequestSchema } = types;
   const server = new Server(
     { name: MCP_SERVER_NAME, version: '1.0.0' },
     { capabilities: { tools: {} } },
@@ -324,12 +346,13 @@ export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: Exec
     const { projectId } = request.params as { projectId: string };
     const key = await authenticateKey(verifier, request, projectId, 'execution');
     const header = request.headers['x-exec-workspace-id'];
-    const server = buildServer({
+    const mcp = await loadSdk();
+    const server = buildServer(mcp, {
       exec,
       projectId: key.projectId,
       workspaceHeader: typeof header === 'string' && header !== '' ? header : undefined,
     });
-    const transport = new StreamableHTTPServerTransport({
+    const transport = new mcp.StreamableHTTPServerTransport({
       sessionIdGenerator: undefined,
       enableJsonResponse: true,
     });
