@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { setImmediate as tick } from 'node:timers/promises';
 import { clockSleep, startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import type { RouteHints } from '../../src/routing/pool.js';
 import { http, startTestServer, type Res, type TestServer } from '../support/harness.js';
 
 interface Setup {
@@ -187,6 +188,46 @@ describe('prefix affinity in the live router', () => {
       cached,
     );
     assert.equal(value(/^switchyard_worker_chosen_total\{worker="w-\d"\} (\d+)/), 21);
+  });
+});
+
+describe('routing hints reach the scorer', () => {
+  let t: Setup;
+  before(async () => {
+    t = await setup({}, [{}]);
+  });
+  after(() => teardown(t));
+
+  it("headers win; without them the endpoint's SLO records are the hints; service_tier passes", async () => {
+    const seen: RouteHints[] = [];
+    const pool = t.s.services.pool;
+    const route = pool.route.bind(pool);
+    pool.route = (candidates, hints, exclude) => {
+      seen.push(hints);
+      return route(candidates, hints, exclude);
+    };
+    const mk = await t.s.admin('POST', '/projects/rt/keys', {
+      scopes: ['inference', 'management'],
+    });
+    const key = String(mk.body.key);
+    const projectId = t.url.split('/')[3]!;
+    const slo = (body: unknown) =>
+      http('POST', `${t.s.url}/${projectId}/chat/v1/slos`, { auth: `Bearer ${key}`, body });
+    assert.equal((await slo({ name: 'a', ttft_ms: 800, tpot_ms: 40 })).status, 201);
+    assert.equal((await slo({ name: 'b', ttft_ms: 300 })).status, 201);
+    const msg = [{ role: 'user', content: 'hello' }];
+    assert.equal((await chat(t, msg, { service_tier: 'priority' })).status, 200);
+    assert.equal(
+      (await chat(t, msg, {}, { 'x-slo-ttft-ms': '120', 'x-slo-tpot-ms': 'fast' })).status,
+      200,
+    );
+    assert.equal(seen.length, 2);
+    assert.deepEqual(seen[0]!.slo, { ttftMs: 300, tpotMs: 40 });
+    assert.equal(seen[0]!.tier, 'priority');
+    // A valid header replaces the records; an invalid one is ignored, not an error.
+    assert.deepEqual(seen[1]!.slo, { ttftMs: 120 });
+    assert.equal(seen[1]!.tier, 'default');
+    assert.ok(seen[0]!.blocks.chars > 0 && seen[0]!.promptTokens > 0);
   });
 });
 
