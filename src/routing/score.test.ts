@@ -93,6 +93,31 @@ describe('scoreWorker: each term moves the choice', () => {
     assert.equal(sb.cost - scoreWorker(b, req, 0, pool).cost, 0.5 * 0.5 * 2000);
   });
 
+  it('busy uncached weight β_busy: only under a backlog, in proportion to it', () => {
+    // a holds 1,500 tokens of the prompt but has 2,100 tokens queued; b is cold with 300.
+    const a = idle('a', { pendingPrefillTokens: 2100 });
+    const b = idle('b', { pendingPrefillTokens: 300 });
+    assert.equal(DEFAULT_SCORE_CONSTANTS.busyUncachedWeight, 0.5);
+    // No backlog signal (busy absent or 0): the choice is the predicted TTFT's, b.
+    assert.equal(best(scoreWorker(a, req, 1500, pool), scoreWorker(b, req, 0, pool)), 'b');
+    const calm = { ...pool, busy: 0 };
+    assert.equal(best(scoreWorker(a, req, 1500, calm), scoreWorker(b, req, 0, calm)), 'b');
+    // Every candidate has a queue: b's 2,000 uncached tokens delay whoever comes next.
+    const busy = { ...pool, busy: 1 };
+    const sa = scoreWorker(a, req, 1500, busy);
+    const sb = scoreWorker(b, req, 0, busy);
+    assert.equal(best(sa, sb), 'a');
+    // Cost only, linear in busy (capped at 1): 0.5 × busy × m × u.
+    const base = scoreWorker(b, req, 0, pool);
+    assert.equal(sb.predictedTtftMs, base.predictedTtftMs);
+    assert.equal(sb.cost - base.cost, 0.5 * 0.5 * 2000);
+    assert.equal(
+      scoreWorker(b, req, 0, { ...pool, busy: 0.5 }).cost - base.cost,
+      0.25 * 0.5 * 2000,
+    );
+    assert.equal(scoreWorker(b, req, 0, { ...pool, busy: 3 }).cost, sb.cost);
+  });
+
   it('observed speed: a worker with a higher learned ms/token loses', () => {
     assert.equal(
       best(
@@ -160,6 +185,26 @@ describe('WorkerScorer', () => {
     assert.ok(again.ok);
     assert.equal(again.route.workerId, first.route.workerId);
     assert.ok(again.route.predictedCachedTokens > 900);
+  });
+
+  it('busy: β_busy applies once the least busy candidate has a queue, not before', () => {
+    const s = make(1000);
+    const extra = (c: { predictedTtftMs: number; predictedTpotMs: number; cost: number }) =>
+      c.cost - c.predictedTtftMs - c.predictedTpotMs;
+    const a = s.choose(candidates, request(s, 'first unique prompt '.repeat(40)));
+    assert.ok(a.ok);
+    // One worker is still idle: no candidate pays the busy term.
+    const b = s.choose(candidates, request(s, 'second unique prompt '.repeat(40)));
+    assert.ok(b.ok);
+    assert.notEqual(b.route.workerId, a.route.workerId);
+    for (const sc of b.scores) assert.equal(extra(sc), 0);
+    // Both now queue 200+ tokens (≥ busyWaitMs at the prior 0.5 ms/token): busy = 1.
+    const c = s.choose(candidates, request(s, 'third unique prompt '.repeat(40)));
+    assert.ok(c.ok);
+    for (const sc of c.scores) {
+      const u = c.route.promptTokens - sc.predictedCachedTokens;
+      assert.ok(Math.abs(extra(sc) - 0.5 * 0.5 * u) < 1e-9);
+    }
   });
 
   it('a flex request is refused (capacity_exceeded) before default, default before priority', () => {

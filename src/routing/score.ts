@@ -9,7 +9,8 @@
  *   R  = max(router's running on w, exported running)
  *   P̂  = b_w × (1 + κ·(R + 1))                                       predicted TPOT
  *   kv = 1 + K_kv × max(0, usage − knee) / (1 − knee)                KV-cache pressure
- *   cost = T̂·kv + W_tpot·P̂ + β·m_w·u
+ *   busy = min(1, min over admitting candidates of m_w·A_w ÷ busyWaitMs)
+ *   cost = T̂·kv + W_tpot·P̂ + (β + β_busy·busy)·m_w·u
  *        + S_miss·[T̂·kv > SLO TTFT] + S_miss·[P̂ > SLO TPOT]
  *
  * m_w (ms per token of prefill work, queue included) and b_w (TPOT at an empty
@@ -20,7 +21,12 @@
  * progress of the oldest of them when the caller passes its clock (`nowMs`): it has
  * been prefilling since the previous first token on w, at m_w per token.
  * β·m_w·u is the worker time the uncached tokens take from the requests after this
- * one (and the cache they evict): T̂ alone is this request's own latency only.
+ * one (and the cache they evict): T̂ alone is this request's own latency only. That
+ * cost is real only when the requests after this one will have to queue anyway: while
+ * some candidate is idle they can go there. So β_busy scales with `busy`, the
+ * predicted queue wait of the least busy candidate (0 when one is idle, 1 from
+ * busyWaitMs up): at low load the choice is T̂'s alone, under a backlog a cold prefill
+ * (or a second copy of a prefix another worker holds) pays for the time it takes.
  *
  * service_tier: adding ±15 to every worker's score changes no choice, so the hint
  * acts on admission instead: a worker admits a request while the router's in-flight
@@ -58,6 +64,10 @@ export interface ScoreConstants {
    * time it takes from later requests (and the cache entries it evicts).
    */
   uncachedWeight: number;
+  /** β_busy: added to β in proportion to how busy the least busy candidate is. */
+  busyUncachedWeight: number;
+  /** Predicted queue wait (ms) of the least busy candidate at which β_busy is full. */
+  busyWaitMs: number;
 }
 
 export const DEFAULT_SCORE_CONSTANTS: Readonly<ScoreConstants> = {
@@ -70,6 +80,8 @@ export const DEFAULT_SCORE_CONSTANTS: Readonly<ScoreConstants> = {
   sloMissMs: 2000,
   ewmaAlpha: 0.2,
   uncachedWeight: 0,
+  busyUncachedWeight: 0.5,
+  busyWaitMs: 100,
 };
 
 /** What the router knows of one worker when scoring (all plain data). */
@@ -100,6 +112,11 @@ export interface PoolView {
   tpotBaseMs: number;
   /** EWMA of (u + τ) over routed requests, to turn exported waiting into work. */
   meanWorkTokens: number;
+  /**
+   * 0–1: how busy the least busy candidate is (its predicted queue wait ÷ busyWaitMs,
+   * capped); scales β_busy. Absent: 0.
+   */
+  busy?: number;
 }
 
 export interface WorkerScore {
@@ -137,7 +154,8 @@ export function scoreWorker(
   let slo = 0;
   if (req.slo.ttftMs !== undefined && predictedTtft > req.slo.ttftMs) slo += k.sloMissMs;
   if (req.slo.tpotMs !== undefined && tpot > req.slo.tpotMs) slo += k.sloMissMs;
-  const cost = predictedTtft + k.tpotWeight * tpot + slo + k.uncachedWeight * m * uncached;
+  const beta = k.uncachedWeight + k.busyUncachedWeight * Math.min(1, Math.max(0, pool.busy ?? 0));
+  const cost = predictedTtft + k.tpotWeight * tpot + slo + beta * m * uncached;
   return {
     workerId: w.id,
     score: -cost,
@@ -266,25 +284,39 @@ export class WorkerScorer {
     let eligible = 0;
     const n = candidates.length;
     const start = n > 0 ? this.rr++ % n : 0;
+    const views: WorkerView[] = [];
+    let minWait = Infinity;
     for (let i = 0; i < n; i++) {
       const c = candidates[(start + i) % n]!;
       if (exclude?.has(c.id)) continue;
       eligible++;
       const st = this.workers.get(c.id);
       if (!admits(st?.inFlight ?? 0, this.maxInFlight, req.tier)) continue;
+      const w: WorkerView = {
+        id: c.id,
+        pendingPrefillTokens: st ? this.pendingAt(st, req.nowMs, pool) : 0,
+        running: st?.running ?? 0,
+        exportedWaiting: c.exported?.waiting,
+        exportedRunning: c.exported?.running,
+        kvCacheUsage: c.exported?.kvCacheUsage,
+        msPerToken: st?.msPerToken,
+        tpotBaseMs: st?.tpotBaseMs,
+      };
+      views.push(w);
+      const ahead = Math.max(
+        w.pendingPrefillTokens,
+        (w.exportedWaiting ?? 0) * pool.meanWorkTokens,
+      );
+      minWait = Math.min(minWait, (w.msPerToken ?? pool.msPerToken) * ahead);
+    }
+    if (this.constants.busyUncachedWeight > 0 && views.length > 0) {
+      pool.busy = Math.min(1, minWait / Math.max(1e-9, this.constants.busyWaitMs));
+    }
+    for (const w of views) {
       const s = scoreWorker(
-        {
-          id: c.id,
-          pendingPrefillTokens: st ? this.pendingAt(st, req.nowMs, pool) : 0,
-          running: st?.running ?? 0,
-          exportedWaiting: c.exported?.waiting,
-          exportedRunning: c.exported?.running,
-          kvCacheUsage: c.exported?.kvCacheUsage,
-          msPerToken: st?.msPerToken,
-          tpotBaseMs: st?.tpotBaseMs,
-        },
+        w,
         view,
-        this.index.predictCachedTokens(c.id, req.blocks, promptTokens),
+        this.index.predictCachedTokens(w.id, req.blocks, promptTokens),
         pool,
         this.constants,
       );
