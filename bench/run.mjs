@@ -22,6 +22,9 @@
  *   --profile-rate=N
  *               with --profile: drive the router with the open-loop client at N
  *               req/s instead of wrk (where the time goes below saturation)
+ *   --router-node-args="..."
+ *               extra Node/V8 flags for the router only (e.g.
+ *               "--max-semi-space-size=2" to compare memory and tail latency)
  *   --nice=N    start every child with `nice -n N` (e.g. --nice=-10, as root) so other
  *               work on a shared machine does not take the pinned CPUs
  *   --storage=pglite|postgres
@@ -83,6 +86,7 @@ const { values: opts } = parseArgs({
     nice: { type: 'string', default: '0' },
     storage: { type: 'string', default: 'pglite' },
     'profile-rate': { type: 'string' },
+    'router-node-args': { type: 'string', default: '' },
     peer: { type: 'boolean', default: true },
   },
   strict: true,
@@ -442,7 +446,7 @@ async function benchmark(host) {
       `warning: load average ${load1.toFixed(2)} on ${host.nproc} CPUs: other processes compete for the pinned CPUs, figures will be noisy (see "waiting for its CPU")`,
     );
   }
-  const env = await setup();
+  const env = await setup(opts['router-node-args'].split(' ').filter(Boolean));
   try {
     const results = {
       timestamp: new Date().toISOString(),
