@@ -117,6 +117,7 @@ export class WorkerPool {
   ) {
     this.cache = new TtlCache(clock, ttlMs, 1024);
     metrics?.setQueueDepth(() => this.queueDepths());
+    metrics?.setIndexStats(() => this.scorer.index.predictionStats());
   }
 
   setQueue(q: QueueSettings): void {

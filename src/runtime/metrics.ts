@@ -133,6 +133,37 @@ export class Metrics {
     this.queueRows = rows;
   }
 
+  private indexStats: () => {
+    observations: number;
+    meanAbsErrorTokens: number;
+    meanErrorTokens: number;
+  } | null = () => null;
+  readonly prefixIndexError = (() => {
+    const stats = () => this.indexStats();
+    return new Gauge({
+      name: 'switchyard_prefix_index_error_tokens',
+      help:
+        "Prefix index vs the workers' reported cached_tokens, per request since start: " +
+        'stat="mean_abs" (mean absolute error) or "mean" (> 0: the index is optimistic).',
+      labelNames: ['stat'] as const,
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        const s = stats();
+        if (!s || s.observations === 0) return;
+        this.set({ stat: 'mean_abs' }, s.meanAbsErrorTokens);
+        this.set({ stat: 'mean' }, s.meanErrorTokens);
+      },
+    });
+  })();
+
+  /** The source of the prefix-index accuracy gauge (the worker pool sets it). */
+  setIndexStats(
+    f: () => { observations: number; meanAbsErrorTokens: number; meanErrorTokens: number } | null,
+  ): void {
+    this.indexStats = f;
+  }
+
   /** A completed request's observations, per worker. */
   observeWorker(
     worker: string,
@@ -224,6 +255,7 @@ export class Metrics {
     if (opts.defaults) collectDefaultMetrics({ register: this.registry, prefix: 'switchyard_' });
     void this.workerGauges;
     void this.routerQueueDepth;
+    void this.prefixIndexError;
   }
 }
 

@@ -188,6 +188,8 @@ describe('prefix affinity in the live router', () => {
       cached,
     );
     assert.equal(value(/^switchyard_worker_chosen_total\{worker="w-\d"\} (\d+)/), 21);
+    // Closing the loop is visible: how far the index's predictions were from the workers'.
+    assert.match(m.text, /^switchyard_prefix_index_error_tokens\{stat="mean_abs"\} \d/m);
   });
 });
 
