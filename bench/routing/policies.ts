@@ -21,7 +21,7 @@
  *   without the index's `observe` correction ("no loop"), to show what the loop does.
  */
 import { PrefixIndex } from '../../src/routing/prefix-index.js';
-import { WorkerScorer, type Route } from '../../src/routing/score.js';
+import { WorkerScorer, type Route, type ScoreConstants } from '../../src/routing/score.js';
 import type { WorkerMetrics } from './sim.js';
 import type { TraceRequest } from './workloads.js';
 
@@ -178,12 +178,16 @@ export class Switchyard implements Policy {
   readonly scorer: WorkerScorer;
   private readonly sized = new Set<string>();
 
-  /** `correct: false` runs the same score without the cached_tokens feedback loop. */
-  constructor(correct = true) {
+  /**
+   * `correct: false` runs the same score without the cached_tokens feedback loop;
+   * `constants` overrides score constants (the bench's `--constants` option).
+   */
+  constructor(correct = true, constants?: Partial<ScoreConstants>) {
     this.name = correct ? 'switchyard' : 'switchyard, no loop';
     this.scorer = new WorkerScorer({
       index: new PrefixIndex({ blockChars: 64, correct }),
       maxInFlight: MAX_IN_FLIGHT,
+      ...(constants ? { constants } : {}),
     });
   }
 
@@ -223,13 +227,13 @@ export class Switchyard implements Policy {
   }
 }
 
-export function allPolicies(): Policy[] {
+export function allPolicies(constants?: Partial<ScoreConstants>): Policy[] {
   return [
     new RoundRobin(),
     new LeastQueue(),
     new SglangCacheAware(),
     new LlmdDefault(),
-    new Switchyard(false),
-    new Switchyard(),
+    new Switchyard(false, constants),
+    new Switchyard(true, constants),
   ];
 }

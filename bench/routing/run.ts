@@ -11,6 +11,7 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import type { ScoreConstants } from '../../src/routing/score.js';
 import {
   allPolicies,
   SCRAPE_MS,
@@ -236,10 +237,25 @@ function main(): void {
       quick: { type: 'boolean', default: false },
       only: { type: 'string' },
       debug: { type: 'boolean', default: false },
+      // Only the policies whose names start with one of these (comma-separated), e.g.
+      // --policies=sglang,switchyard; the targets table needs all of them.
+      policies: { type: 'string' },
+      // JSON object of score constants to override, e.g. '{"sloMissMs":1000}'.
+      constants: { type: 'string' },
+      // First seed to run (seeds first-seed..seeds), e.g. --first-seed=6 --seeds=10.
+      'first-seed': { type: 'string', default: '1' },
     },
   });
   const seeds = values.quick ? 1 : Number(values.seeds);
+  const firstSeed = values.quick ? 1 : Number(values['first-seed']);
+  const nSeeds = seeds - firstSeed + 1;
   const durationMs = (values.quick ? 30 : Number(values.duration)) * 1000;
+  const constants = values.constants
+    ? (JSON.parse(values.constants) as Partial<ScoreConstants>)
+    : undefined;
+  const only = values.policies?.split(',').map((s) => s.trim());
+  const policies = (): Policy[] =>
+    allPolicies(constants).filter((p) => !only || only.some((o) => p.name.startsWith(o)));
   const names = values.only ? WORKLOADS.filter((n) => n === values.only) : [...WORKLOADS];
   const t0 = performance.now();
   const report: Record<string, Record<string, Summary & { perTier: Record<string, Summary> }>> = {};
@@ -249,10 +265,10 @@ function main(): void {
     const perPolicy = new Map<string, { all: Summary[]; tiers: Record<string, Summary[]> }>();
     let requests = 0;
     const mae = new Map<string, number[]>();
-    for (let seed = 1; seed <= seeds; seed++) {
+    for (let seed = firstSeed; seed <= seeds; seed++) {
       const w = makeWorkload(name, seed, durationMs);
       requests += w.requests.length;
-      for (const p of allPolicies()) {
+      for (const p of policies()) {
         const run = simulate(w, p);
         if (p instanceof Switchyard) {
           const list = mae.get(p.name) ?? [];
@@ -288,7 +304,7 @@ function main(): void {
       }
     }
     lines.push(
-      `\n### ${name} (${Math.round(requests / seeds)} requests per seed, ${seeds} seeds)\n`,
+      `\n### ${name} (${Math.round(requests / nSeeds)} requests per seed, ${firstSeed === 1 ? seeds : `${firstSeed}–${seeds}`} seeds)\n`,
       '| policy | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | req/s | output tok/s | cache hit | goodput | failed | 429 |',
       '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
     );
@@ -323,7 +339,8 @@ function main(): void {
           .join(', ')}.`,
       );
     }
-    const sy = report[name]['switchyard']!;
+    const sy = report[name]['switchyard'];
+    if (!sy || !report[name]['least-queue']) continue;
     const base = Object.entries(report[name]).filter(([p]) => !p.startsWith('switchyard'));
     const prefixHeavy = name !== 'prefix-free';
     if (prefixHeavy) {
@@ -353,7 +370,7 @@ function main(): void {
   const secs = (performance.now() - t0) / 1000;
   console.log(lines.join('\n'));
   console.log(
-    `\n(${names.length} workloads × ${seeds} seeds × ${allPolicies().length} policies in ${secs.toFixed(1)} s)`,
+    `\n(${names.length} workloads × ${seeds} seeds × ${policies().length} policies in ${secs.toFixed(1)} s)`,
   );
   mkdirSync('bench/results', { recursive: true });
   const file = `bench/results/routing-${new Date().toISOString().replace(/[:.]/g, '-')}.json`;

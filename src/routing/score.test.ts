@@ -6,6 +6,7 @@ import {
   admits,
   DEFAULT_SCORE_CONSTANTS,
   scoreWorker,
+  sloPenalty,
   tierRank,
   WorkerScorer,
   type Candidate,
@@ -142,6 +143,36 @@ describe('scoreWorker: each term moves the choice', () => {
     // A TPOT target works the same way.
     const tpot = { promptTokens: 2000, slo: { tpotMs: 30 } };
     assert.equal(best(scoreWorker(a, tpot, 0, pool), scoreWorker(b, tpot, 0, pool)), 'a');
+  });
+
+  it('SLO overshoot λ: when every worker misses the target, the smaller miss wins', () => {
+    const k = DEFAULT_SCORE_CONSTANTS;
+    assert.equal(k.sloOvershootWeight, 2);
+    // The penalty: nothing up to the target, then S_miss plus λ per ms beyond it.
+    assert.equal(sloPenalty(1000, 1000, k), 0);
+    assert.equal(sloPenalty(999, 1000, k), 0);
+    assert.equal(sloPenalty(1100, 1000, k), k.sloMissMs + 2 * 100);
+    // Under a backlog, a (holds 1,500 tokens, 2,100 queued, predicted ≈ 1,332 ms) beats
+    // b (cold, 300 queued, ≈ 1,182 ms): β_busy prices b's 2,000 uncached tokens.
+    const a = idle('a', { pendingPrefillTokens: 2100 });
+    const b = idle('b', { pendingPrefillTokens: 300 });
+    const busy = { ...pool, busy: 1 };
+    assert.equal(best(scoreWorker(a, req, 1500, busy), scoreWorker(b, req, 0, busy)), 'a');
+    // With X-SLO-TTFT-Ms 1000 both miss; a step alone would add S_miss to both and keep
+    // a. The overshoot term keeps the caller's target in play: b misses by less.
+    const slo = { promptTokens: 2000, slo: { ttftMs: 1000 } };
+    const sa = scoreWorker(a, slo, 1500, busy);
+    const sb = scoreWorker(b, slo, 0, busy);
+    assert.ok(sa.predictedTtftMs > sb.predictedTtftMs && sb.predictedTtftMs > 1000);
+    assert.equal(sb.sloPenaltyMs, k.sloMissMs + 2 * (sb.predictedTtftMs - 1000));
+    assert.equal(best(sa, sb), 'b');
+    const step = { ...k, sloOvershootWeight: 0 };
+    assert.equal(
+      best(scoreWorker(a, slo, 1500, busy, step), scoreWorker(b, slo, 0, busy, step)),
+      'a',
+    );
+    // Without a target the term never applies.
+    assert.equal(scoreWorker(a, req, 1500, busy).sloPenaltyMs, 0);
   });
 });
 

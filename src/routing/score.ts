@@ -10,8 +10,9 @@
  *   P̂  = b_w × (1 + κ·(R + 1))                                       predicted TPOT
  *   kv = 1 + K_kv × max(0, usage − knee) / (1 − knee)                KV-cache pressure
  *   busy = min(1, min over admitting candidates of m_w·A_w ÷ busyWaitMs)
+ *   miss(x, target) = S_miss·[x > target] + λ·max(0, x − target)
  *   cost = T̂·kv + W_tpot·P̂ + (β + β_busy·busy)·m_w·u
- *        + S_miss·[T̂·kv > SLO TTFT] + S_miss·[P̂ > SLO TPOT]
+ *        + miss(T̂·kv, SLO TTFT) + miss(P̂, SLO TPOT)      (only for targets the request has)
  *
  * m_w (ms per token of prefill work, queue included) and b_w (TPOT at an empty
  * batch) are per-worker EWMAs of observed TTFT and TPOT, each normalised by the work
@@ -27,6 +28,9 @@
  * predicted queue wait of the least busy candidate (0 when one is idle, 1 from
  * busyWaitMs up): at low load the choice is T̂'s alone, under a backlog a cold prefill
  * (or a second copy of a prefix another worker holds) pays for the time it takes.
+ * The SLO term is a step plus a hinge: S_miss steers the request to a worker that is
+ * predicted to meet its target when one is; λ keeps the target's weight once none is,
+ * so a request that will miss anyway is not traded (by the β terms) for a bigger miss.
  *
  * service_tier: adding ±15 to every worker's score changes no choice, so the hint
  * acts on admission instead: a worker admits a request while the router's in-flight
@@ -68,6 +72,11 @@ export interface ScoreConstants {
   busyUncachedWeight: number;
   /** Predicted queue wait (ms) of the least busy candidate at which β_busy is full. */
   busyWaitMs: number;
+  /**
+   * λ: ms of cost per ms by which a prediction exceeds the request's SLO target, on
+   * top of S_miss: a request that will miss its target still prefers the smaller miss.
+   */
+  sloOvershootWeight: number;
 }
 
 export const DEFAULT_SCORE_CONSTANTS: Readonly<ScoreConstants> = {
@@ -82,6 +91,7 @@ export const DEFAULT_SCORE_CONSTANTS: Readonly<ScoreConstants> = {
   uncachedWeight: 0,
   busyUncachedWeight: 0.5,
   busyWaitMs: 100,
+  sloOvershootWeight: 2,
 };
 
 /** What the router knows of one worker when scoring (all plain data). */
@@ -152,8 +162,8 @@ export function scoreWorker(
   const kvFactor = 1 + (k.kvWeight * Math.max(0, usage - k.kvKnee)) / (1 - k.kvKnee);
   const predictedTtft = ttft * kvFactor;
   let slo = 0;
-  if (req.slo.ttftMs !== undefined && predictedTtft > req.slo.ttftMs) slo += k.sloMissMs;
-  if (req.slo.tpotMs !== undefined && tpot > req.slo.tpotMs) slo += k.sloMissMs;
+  if (req.slo.ttftMs !== undefined) slo += sloPenalty(predictedTtft, req.slo.ttftMs, k);
+  if (req.slo.tpotMs !== undefined) slo += sloPenalty(tpot, req.slo.tpotMs, k);
   const beta = k.uncachedWeight + k.busyUncachedWeight * Math.min(1, Math.max(0, pool.busy ?? 0));
   const cost = predictedTtft + k.tpotWeight * tpot + slo + beta * m * uncached;
   return {
@@ -167,6 +177,12 @@ export function scoreWorker(
     kvFactor,
     sloPenaltyMs: slo,
   };
+}
+
+/** S_miss·[predicted > target] + λ·max(0, predicted − target), ms; pure. */
+export function sloPenalty(predictedMs: number, targetMs: number, k: ScoreConstants): number {
+  if (!(predictedMs > targetMs)) return 0;
+  return k.sloMissMs + k.sloOvershootWeight * (predictedMs - targetMs);
 }
 
 /** In-flight limit of one worker for a tier: maxInFlight × (1 + adjustment / 100). */
