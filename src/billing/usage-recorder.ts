@@ -99,6 +99,8 @@ export interface UsageRecorderOptions {
 
 export class UsageRecorder {
   private buffer: UsageRecord[] = [];
+  /** Size of the batch being written now (0 when none). */
+  private writing = 0;
   private timer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> | null = null;
   private readonly interval: number;
@@ -139,8 +141,9 @@ export class UsageRecorder {
     }
   }
 
+  /** Records not yet stored: buffered, plus the batch being written (it may fail and return). */
   get pending(): number {
-    return this.buffer.length;
+    return this.buffer.length + this.writing;
   }
 
   /** Writes everything buffered so far; concurrent calls share one write. */
@@ -148,6 +151,7 @@ export class UsageRecorder {
     while (this.flushing) await this.flushing;
     if (this.buffer.length === 0) return;
     const batch = this.buffer.splice(0, this.batchSize);
+    this.writing = batch.length;
     let ok = false;
     let spent = new Set<string>();
     let stored = 0;
@@ -175,6 +179,7 @@ export class UsageRecorder {
       )
       .finally(() => {
         this.flushing = null;
+        this.writing = 0;
       });
     await this.flushing;
     if (ok && spent.size > 0 && this.onSpend) await this.onSpend(spent);
