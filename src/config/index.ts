@@ -33,6 +33,8 @@ export interface Config {
   routeCacheTtlMs: number;
   /** Requests in flight from one router to one worker before it counts as saturated. */
   workerMaxInFlight: number;
+  /** Worker choice: `score` (load, KV, prefix affinity, SLO hints) or `least-loaded`. */
+  routingPolicy: 'score' | 'least-loaded';
   /** Requests that may wait in the router for a worker per (model, tier); 0 = none. */
   routerQueueDepth: number;
   /** Longest wait in that queue before 429 `capacity_exceeded` (ms; the tier deadline caps it). */
@@ -99,6 +101,12 @@ function int(env: NodeJS.ProcessEnv, name: string, def: number, min = 0): number
   return n;
 }
 
+function routingPolicy(raw: string | undefined): 'score' | 'least-loaded' {
+  if (raw === undefined || raw === '' || raw === 'score') return 'score';
+  if (raw === 'least-loaded') return raw;
+  throw new ConfigError(`SWITCHYARD_ROUTING_POLICY must be score or least-loaded, got ${raw}`);
+}
+
 function list(raw: string | undefined): string[] {
   if (!raw) return [];
   return raw
@@ -145,6 +153,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dbPoolSize: int(env, 'SWITCHYARD_DB_POOL_SIZE', 10, 1),
     routeCacheTtlMs: int(env, 'SWITCHYARD_ROUTE_CACHE_TTL_MS', 1_000, 0),
     workerMaxInFlight: int(env, 'SWITCHYARD_WORKER_MAX_INFLIGHT', 256, 1),
+    routingPolicy: routingPolicy(env.SWITCHYARD_ROUTING_POLICY),
     routerQueueDepth: int(env, 'SWITCHYARD_ROUTER_QUEUE_DEPTH', 64, 0),
     routerQueueTimeoutMs: int(env, 'SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS', 5_000, 0),
     workerToken: nonEmpty(env.SWITCHYARD_WORKER_TOKEN),

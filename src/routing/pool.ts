@@ -81,6 +81,8 @@ interface Waiter {
   done: boolean;
 }
 
+export type RoutingPolicy = 'score' | 'least-loaded';
+
 /** Why `admit` returned no lease. */
 export type AdmitFailure = 'unavailable' | 'capacity_exceeded';
 
@@ -106,6 +108,7 @@ export class WorkerPool {
   private readonly queues = new Map<string, Waiter[]>();
   private waitSeq = 0;
   private queue: QueueSettings = { depth: 64, timeoutMs: 5000 };
+  private policy: RoutingPolicy = 'score';
 
   constructor(
     private readonly registry: WorkerRegistry,
@@ -122,6 +125,11 @@ export class WorkerPool {
 
   setQueue(q: QueueSettings): void {
     this.queue = q;
+  }
+
+  /** `score` (default) or `least-loaded` (fewest in flight, ties rotate): an operator's fallback and the A/B baseline. */
+  setPolicy(p: RoutingPolicy): void {
+    this.policy = p;
   }
 
   candidates(modelId: string, tierId: string): Promise<WorkerRecord[]> | WorkerRecord[] {
@@ -208,6 +216,7 @@ export class WorkerPool {
     let chosen: WorkerRecord | null = null;
     let route: Route | null = null;
     if (open.length > 0) {
+      if (this.policy === 'least-loaded') open.splice(0, open.length, this.leastLoaded(open));
       const c = this.scorer.choose(open, { ...hints, nowMs: now });
       if (c.ok) {
         route = c.route;
@@ -284,6 +293,17 @@ export class WorkerPool {
       while (i > 0 && queue[i - 1]!.rank < rank) i--;
       queue.splice(i, 0, w);
     });
+  }
+
+  private leastLoaded(open: Candidate[]): Candidate {
+    const n = open.length;
+    const start = this.rr++ % n;
+    let best = open[start]!;
+    for (let i = 1; i < n; i++) {
+      const c = open[(start + i) % n]!;
+      if ((this.inFlight.get(c.id) ?? 0) < (this.inFlight.get(best.id) ?? 0)) best = c;
+    }
+    return best;
   }
 
   /** The first token reached the router: the request leaves the worker's prefill queue. */

@@ -203,6 +203,7 @@ export async function createServices(
     metrics,
   );
   pool.setQueue({ depth: config.routerQueueDepth, timeoutMs: config.routerQueueTimeoutMs });
+  pool.setPolicy(config.routingPolicy);
   const monitor = new WorkerMonitor({
     registry: workers,
     endpoints,

@@ -193,6 +193,42 @@ describe('prefix affinity in the live router', () => {
   });
 });
 
+describe('SWITCHYARD_ROUTING_POLICY=least-loaded (the fallback and A/B baseline)', () => {
+  let t: Setup;
+  before(async () => {
+    t = await setup({ SWITCHYARD_ROUTING_POLICY: 'least-loaded' }, [{}, {}]);
+  });
+  after(() => teardown(t));
+
+  it('ignores prefix affinity: a conversation alternates between idle workers and loses its cache', async () => {
+    const messages = [{ role: 'system', content: text('solo', 6000) }];
+    const served: string[] = [];
+    const cached: number[] = [];
+    for (let round = 0; round < 4; round++) {
+      messages.push({ role: 'user', content: `question ${round}` });
+      const r = await chat(t, messages);
+      assert.equal(r.status, 200, r.text);
+      served.push(String(r.headers['x-service-worker-id']));
+      const usage = r.body.usage as { prompt_tokens_details: { cached_tokens: number } };
+      cached.push(usage.prompt_tokens_details.cached_tokens);
+      const msg = (r.body.choices as Array<{ message: { content: string } }>)[0]!.message;
+      messages.push({ role: 'assistant', content: msg.content });
+    }
+    assert.equal(new Set(served).size, 2, served.join(','));
+    // The second round lands on the other worker: nothing of its prefix is cached there.
+    assert.equal(cached[1], 0);
+  });
+
+  it('an unknown policy is a configuration error', async () => {
+    const { loadConfig, ConfigError } = await import('../../src/config/index.js');
+    assert.throws(
+      () => loadConfig({ SWITCHYARD_ROUTING_POLICY: 'random' }),
+      (e: unknown) => e instanceof ConfigError && /SWITCHYARD_ROUTING_POLICY/.test(e.message),
+    );
+    assert.equal(loadConfig({}).routingPolicy, 'score');
+  });
+});
+
 describe('routing hints reach the scorer', () => {
   let t: Setup;
   before(async () => {
