@@ -95,11 +95,15 @@ export class Catalog {
     );
   }
 
-  /** Is any online agent of the project offering `tool` connected now? (The tool bridge's check.) */
+  /**
+   * Can `tool` run now? (The tool bridge's check.) With a broker here: an online
+   * agent offering it is connected to it. Without one (an API-only instance): an
+   * online agent offers it, and the broker instance holding its session runs it.
+   */
   async available(projectId: string, tool: string): Promise<boolean> {
     const t = this.ctx.transport();
-    if (!t) return false;
-    return (await this.candidates(projectId, tool)).some((c) => t.isConnected(c.agentExternalId));
+    const found = await this.candidates(projectId, tool);
+    return t ? found.some((c) => t.isConnected(c.agentExternalId)) : found.length > 0;
   }
 }
 

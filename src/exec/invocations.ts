@@ -130,14 +130,13 @@ export class Invocations {
     if (bad) throw new ServiceError('invalid_body', { message: bad.message, param: bad.param });
     const destructive = chosen.spec.risk === 'destructive';
     const t = this.ctx.transport();
-    const target = destructive
-      ? chosen
-      : candidates.find((c) => t?.isConnected(c.agentExternalId) ?? false);
-    if (!target) {
-      throw unavailable(
-        t ? `No agent offering '${body.tool}' is connected.` : 'The exec broker is not running.',
-      );
-    }
+    // This instance dispatches to agents connected to its own broker. An instance
+    // without a broker (`--roles` without `broker`) stores the invocation queued
+    // for an online agent: the scheduler of the broker instance holding that
+    // agent's session dispatches it (its next tick), as after an approval.
+    const target =
+      destructive || !t ? chosen : candidates.find((c) => t.isConnected(c.agentExternalId));
+    if (!target) throw unavailable(`No agent offering '${body.tool}' is connected.`);
     const chain = destructive ? await this.approvals().chain(projectId) : [];
     const now = new Date(this.ctx.clock.now());
     let inv: InvocationRow;

@@ -425,20 +425,32 @@ for (const driver of drivers()) {
       expectError(await call('GET', '/invocations?status=weird'), 400, 'invalid_body');
     });
 
-    it('unavailable 503: no transport, agent not connected, transport refusal, project queue full', async () => {
+    it('no broker on this instance (API-only role): stored queued, dispatched by the instance holding the agent', async () => {
       await drain();
       const body = { tool: 'run', arguments: { path: '/' }, workspace_id: ws };
       s.services.exec.setTransport(null);
-      let e = expectError(await create(body), 503, 'unavailable');
-      assert.equal(e.type, 'server_error');
+      const r = await create(body);
+      assert.equal(r.status, 201, r.text);
+      assert.equal(r.body.status, 'queued');
       expectError(
         await s.call('GET', `/${p.projectId}/v1/exec/broker`, { key: p.mgmt }),
         503,
         'unavailable',
       );
+      // The broker's instance (here: the same service once its transport is back) dispatches it.
       s.services.exec.setTransport(t);
+      await s.services.exec.tick();
+      const got = await call('GET', `/invocations/${String(r.body.id)}`);
+      assert.equal(got.body.status, 'dispatched');
+      await drain();
+    });
+
+    it('unavailable 503: agent not connected, transport refusal, project queue full', async () => {
+      await drain();
+      const body = { tool: 'run', arguments: { path: '/' }, workspace_id: ws };
       t.connected.delete(agent);
-      expectError(await create(body), 503, 'unavailable');
+      let e = expectError(await create(body), 503, 'unavailable');
+      assert.equal(e.type, 'server_error');
       t.connected.add(agent);
       // The transport refuses after the invocation was stored: it fails with exec.failed.
       t.refuse = true;

@@ -1,0 +1,141 @@
+/**
+ * The execution surface with its roles on different processes (issue 8, "Roles and
+ * scale-out"): `switchyard serve --roles api,dispatcher` and `switchyard serve
+ * --roles broker` share one PostgreSQL database; a real `switchyard agent` enrolls
+ * with and connects to the broker process only. An invocation created through the
+ * API process (which has no broker) is stored queued for the online agent and the
+ * broker process's scheduler dispatches it; the result is read back through the API
+ * process. The tool bridge's availability check follows the same rule.
+ *
+ * Needs PostgreSQL (TEST_DATABASE_URL), like the other scale-out suites; runs the
+ * built binary (`npm run build` first).
+ */
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { manifestFile, tempDir } from '../exec-transport/support.js';
+
+const dbUrl = process.env.TEST_DATABASE_URL;
+
+async function until<T>(
+  what: string,
+  check: () => Promise<T | undefined | false>,
+  timeoutMs = 15_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v !== undefined && v !== false) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe(
+  'exec with the API and the broker on different processes',
+  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 90_000 },
+  () => {
+    const tmp = tempDir('swy-exec-split-');
+    const children: Spawned[] = [];
+    let db: TestDatabase;
+    let apiBase = '';
+    let projectId = '';
+    let execKey = '';
+    let ws = '';
+
+    const serve = (name: string, roles: string) => {
+      const p = spawnSwitchyard(['serve', '--roles', roles], {
+        DATABASE_URL: db.url!,
+        SWITCHYARD_DATA_DIR: join(tmp.dir, name),
+        PORT: '0',
+        SWITCHYARD_DEMO: '0',
+        LOG_LEVEL: 'warn',
+        SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
+        SWITCHYARD_EXEC_LEASE_MS: '3000',
+        SWITCHYARD_EXEC_TICK_MS: '100',
+      });
+      children.push(p);
+      return p;
+    };
+    const api = (method: string, path: string, key: string, body?: unknown) =>
+      http(method, `${apiBase}/${projectId}/v1${path}`, { auth: `Bearer ${key}`, body });
+
+    before(async () => {
+      db = await freshDatabase('postgres');
+      const apiProc = serve('api', 'api,dispatcher');
+      apiBase = (await apiProc.waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
+      const brokerProc = serve('broker', 'broker');
+      const [, enroll, agents] = await brokerProc.waitFor(
+        /Exec broker: enroll (tcp:\/\/127\.0\.0\.1:\d+)\s+agents (tcp:\/\/127\.0\.0\.1:\d+)/,
+      );
+      const [, serverKey] = await brokerProc.waitFor(/Exec broker server key: (\S{40})/);
+
+      const admin = (method: string, path: string, body?: unknown) =>
+        http(method, `${apiBase}/admin/v1${path}`, { auth: `Bearer ${ADMIN_TOKEN}`, body });
+      const p = await admin('POST', '/projects', { slug: 'split', name: 'Split roles' });
+      assert.equal(p.status, 201, p.text);
+      projectId = String(p.body.id);
+      const keys: Record<string, string> = {};
+      for (const scope of ['execution', 'management']) {
+        const k = await admin('POST', '/projects/split/keys', { scopes: [scope] });
+        assert.equal(k.status, 201, k.text);
+        keys[scope] = String(k.body.key);
+      }
+      execKey = keys.execution!;
+      // The API process has no broker of its own.
+      const b = await api('GET', '/exec/broker', keys.management!);
+      assert.equal(b.status, 503, b.text);
+      const wsr = await api('POST', '/exec/workspaces', execKey, { name: 'split' });
+      assert.equal(wsr.status, 201, wsr.text);
+      ws = String(wsr.body.id);
+      const jk = await api('POST', '/join_keys', keys.management!, { name: 'fleet' });
+      assert.equal(jk.status, 201, jk.text);
+
+      const agent = spawnSwitchyard(['agent'], {
+        SWITCHYARD_AGENT_ENROLL_ENDPOINT: enroll!,
+        SWITCHYARD_AGENT_ENDPOINT: agents!,
+        SWITCHYARD_AGENT_SERVER_KEY: serverKey!,
+        SWITCHYARD_AGENT_NAME: 'solo',
+        SWITCHYARD_AGENT_MANIFEST: manifestFile(tmp.dir),
+        SWITCHYARD_AGENT_KEY_FILE: join(tmp.dir, 'solo.key'),
+        SWITCHYARD_AGENT_JOIN_KEY: String(jk.body.key),
+        LOG_LEVEL: 'info',
+      });
+      children.push(agent);
+      // Online as the API process sees it (the shared database): the catalog lists its tools.
+      await until('the agent online through the API process', async () => {
+        const r = await api('GET', '/exec/tools', execKey);
+        const names = ((r.body.data ?? []) as Array<{ name: string }>).map((t) => t.name);
+        return names.includes('echo') || undefined;
+      });
+    });
+
+    after(async () => {
+      for (const c of children) if (c.child.exitCode === null) c.child.kill('SIGKILL');
+      await db?.drop();
+      tmp.cleanup();
+    });
+
+    it('an invocation created on the API process is dispatched by the broker process and completes', async () => {
+      const r = await api('POST', '/exec/invocations', execKey, {
+        tool: 'echo',
+        arguments: { msg: 'across processes' },
+        workspace_id: ws,
+      });
+      assert.equal(r.status, 201, r.text);
+      assert.equal(r.body.status, 'queued');
+      const id = String(r.body.id);
+      const done = await until(`${id} terminal`, async () => {
+        const g = await api('GET', `/exec/invocations/${id}`, execKey);
+        return ['completed', 'failed'].includes(String(g.body.status)) ? g.body : undefined;
+      });
+      // The echo tool prints its stdin (the arguments) and exits 3.
+      assert.equal(done.status, 'failed', JSON.stringify(done));
+      const out = JSON.stringify(done);
+      assert.match(out, /across processes/);
+      assert.match(out, /"exit_code":3/);
+    });
+  },
+);
