@@ -31,7 +31,8 @@ import { awaitInvocation, isSettled } from '../exec/await.js';
 import type { CatalogEntry } from '../exec/catalog.js';
 import type { PublicInvocation } from '../exec/invocations.js';
 import type { ExecService } from '../exec/service.js';
-import type { Clock, Timer } from '../runtime/clock.js';
+import type { Clock } from '../runtime/clock.js';
+import { Deadline } from './deadline.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier } from '../tiers/index.js';
 import {
@@ -195,54 +196,6 @@ interface Round {
   usage: Usage;
 }
 
-/** The overall bound: the tier deadline until an answer streams, then the idle timeout. */
-class Bound {
-  timedOut: 'deadline' | 'idle' | null = null;
-  private deadline: Timer;
-  private idle: Timer | null = null;
-  private last: number;
-
-  constructor(
-    private readonly clock: Clock,
-    private readonly abort: AbortController,
-    deadlineMs: number,
-    private readonly idleMs: number,
-  ) {
-    this.last = clock.now();
-    this.deadline = clock.setTimer(deadlineMs, () => this.fire('deadline'));
-  }
-
-  touch(): void {
-    this.last = this.clock.now();
-  }
-
-  /** The answer started streaming: from now on only gaps count. */
-  streaming(): void {
-    if (this.idle) return;
-    this.deadline.cancel();
-    this.armIdle(this.idleMs);
-  }
-
-  private armIdle(ms: number): void {
-    this.idle = this.clock.setTimer(ms, () => {
-      const gap = this.clock.now() - this.last;
-      if (gap >= this.idleMs) this.fire('idle');
-      else this.armIdle(this.idleMs - gap);
-    });
-  }
-
-  private fire(kind: 'deadline' | 'idle'): void {
-    if (this.timedOut) return;
-    this.timedOut = kind;
-    this.abort.abort();
-  }
-
-  clear(): void {
-    this.deadline.cancel();
-    this.idle?.cancel();
-  }
-}
-
 class Aborted extends Error {
   constructor() {
     super('aborted');
@@ -253,7 +206,8 @@ class Aborted extends Error {
 /** One bridged request. */
 export class ToolBridge {
   private readonly abort = new AbortController();
-  private readonly bound: Bound;
+  /** The tier deadline until an answer streams, then the idle timeout. */
+  private readonly bound: Deadline;
   private readonly started = new Set<string>();
   private catalog: CatalogEntry[] = [];
   private byFunction = new Map<string, string>();
@@ -268,7 +222,7 @@ export class ToolBridge {
 
   constructor(private readonly r: BridgeRun) {
     const idleMs = r.req.reasoningEffort ? r.tier.requestDeadlineMs : r.tier.idleTimeoutMs;
-    this.bound = new Bound(r.clock, this.abort, r.tier.requestDeadlineMs, idleMs);
+    this.bound = new Deadline(r.clock, this.abort, r.tier.requestDeadlineMs, idleMs, false);
   }
 
   async run(): Promise<void> {
@@ -431,7 +385,7 @@ export class ToolBridge {
           if (mode === 'undecided') {
             mode = 'answer';
             this.ttftMs = r.clock.now() - r.startedAt;
-            this.bound.streaming();
+            this.bound.started();
             for (const h of held.splice(0)) await this.forward(h);
           }
           await this.forward(chunk);

@@ -38,7 +38,7 @@ import type { Lease, RouteHints, WorkerPool } from '../routing/pool.js';
 import type { WorkerRecord } from '../routing/registry.js';
 import { parseServiceTier, parseSloHeaders, type SloTargets } from '../routing/slo.js';
 import type { Metrics } from '../runtime/metrics.js';
-import type { Clock, Timer } from '../runtime/clock.js';
+import type { Clock } from '../runtime/clock.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier, TierId } from '../tiers/index.js';
 import {
@@ -57,6 +57,7 @@ import {
   type Usage,
 } from './reframe.js';
 import { checkBridgeRequest, ToolBridge, WORKSPACE_FIELD } from './bridge.js';
+import { Deadline } from './deadline.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
 import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
@@ -104,53 +105,6 @@ const ROUTER_ONLY_FIELDS = [
 const PRIORITY_MULTIPLIER = 1.25;
 
 type Outcome = 'completed' | 'error' | 'timeout' | 'cancelled';
-
-class Deadline {
-  timedOut: 'deadline' | 'idle' | null = null;
-  private deadlineTimer: Timer;
-  private idleTimer: Timer | null = null;
-  private lastActivity: number;
-
-  constructor(
-    private readonly clock: Clock,
-    private readonly abort: AbortController,
-    deadlineMs: number,
-    private readonly idleMs: number | null,
-  ) {
-    this.lastActivity = clock.now();
-    this.deadlineTimer = clock.setTimer(deadlineMs, () => this.fire('deadline'));
-    if (idleMs !== null) this.armIdle(idleMs);
-  }
-
-  /** Called on every upstream byte; cheap (no timer churn per chunk). */
-  touch(): void {
-    this.lastActivity = this.clock.now();
-  }
-
-  /** A stream that has started generating is bounded by the idle timeout only. */
-  started(): void {
-    this.deadlineTimer.cancel();
-  }
-
-  private armIdle(ms: number): void {
-    this.idleTimer = this.clock.setTimer(ms, () => {
-      const idle = this.clock.now() - this.lastActivity;
-      if (idle >= this.idleMs!) this.fire('idle');
-      else this.armIdle(this.idleMs! - idle);
-    });
-  }
-
-  private fire(kind: 'deadline' | 'idle'): void {
-    if (this.timedOut) return;
-    this.timedOut = kind;
-    this.abort.abort();
-  }
-
-  clear(): void {
-    this.deadlineTimer.cancel();
-    this.idleTimer?.cancel();
-  }
-}
 
 function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Record<string, unknown> {
   const body: Record<string, unknown> = { ...req.body };
