@@ -10,7 +10,8 @@ import { fetch } from 'undici';
 export const MODEL = 'bench-sim';
 const TIER = 'self_hosted';
 
-async function admin(routerUrl, token, method, path, body) {
+/** One operator API call; throws on a non-2xx answer. */
+export async function admin(routerUrl, token, method, path, body) {
   const res = await fetch(`${routerUrl}/admin/v1${path}`, {
     method,
     headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },

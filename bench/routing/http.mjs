@@ -30,7 +30,7 @@ import { fileURLToPath } from 'node:url';
 import { fetch } from 'undici';
 import { installCleanup, stopAll } from '../lib/procs.mjs';
 import { startRouter, startSim } from '../lib/services.mjs';
-import { MODEL } from '../lib/setup.mjs';
+import { admin, MODEL } from '../lib/setup.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const { mulberry32 } = await import(join(HERE, '..', '..', 'dist', 'runtime', 'prng.js'));
@@ -79,17 +79,6 @@ function trace() {
     out.push({ at: t, tenant: pickTenant(), rounds: 3 + Math.floor(rnd() * 6), id: out.length });
   }
   return out;
-}
-
-async function admin(url, token, method, path, body) {
-  const r = await fetch(`${url}/admin/v1${path}`, {
-    method,
-    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  if (r.status >= 300) throw new Error(`${method} ${path}: ${r.status} ${text}`);
-  return JSON.parse(text);
 }
 
 async function register(routerUrl, token, sims) {

@@ -16,22 +16,9 @@ import { after, before, describe, it } from 'node:test';
 import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 import { manifestFile, tempDir } from '../exec-transport/support.js';
+import { until } from './agents.js';
 
 const dbUrl = process.env.TEST_DATABASE_URL;
-
-async function until<T>(
-  what: string,
-  check: () => Promise<T | undefined | false>,
-  timeoutMs = 15_000,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe(
   'exec with the API and the broker on different processes',
@@ -105,11 +92,15 @@ describe(
       });
       children.push(agent);
       // Online as the API process sees it (the shared database): the catalog lists its tools.
-      await until('the agent online through the API process', async () => {
-        const r = await api('GET', '/exec/tools', execKey);
-        const names = ((r.body.data ?? []) as Array<{ name: string }>).map((t) => t.name);
-        return names.includes('echo') || undefined;
-      });
+      await until(
+        async () => {
+          const r = await api('GET', '/exec/tools', execKey);
+          const names = ((r.body.data ?? []) as Array<{ name: string }>).map((t) => t.name);
+          return names.includes('echo');
+        },
+        15_000,
+        'the agent online through the API process',
+      );
     });
 
     after(async () => {
@@ -127,10 +118,14 @@ describe(
       assert.equal(r.status, 201, r.text);
       assert.equal(r.body.status, 'queued');
       const id = String(r.body.id);
-      const done = await until(`${id} terminal`, async () => {
-        const g = await api('GET', `/exec/invocations/${id}`, execKey);
-        return ['completed', 'failed'].includes(String(g.body.status)) ? g.body : undefined;
-      });
+      const done = await until(
+        async () => {
+          const g = await api('GET', `/exec/invocations/${id}`, execKey);
+          return ['completed', 'failed'].includes(String(g.body.status)) ? g.body : undefined;
+        },
+        15_000,
+        `${id} terminal`,
+      );
       // The echo tool prints its stdin (the arguments) and exits 3.
       assert.equal(done.status, 'failed', JSON.stringify(done));
       const out = JSON.stringify(done);
