@@ -1,8 +1,9 @@
 /**
  * Worker selection for a request: the healthy workers serving the endpoint's
  * (model, tier) pair, read through a short-lived cache so the hot path does
- * no database read, and the one with the fewest requests in flight from this
- * router (ties broken round-robin). Routing never leaves the endpoint's tier.
+ * no database read, and among them the scorer's choice (`route`, below; or the
+ * fewest requests in flight with `least-loaded`). Routing never leaves the
+ * endpoint's tier.
  *
  * Circuit breaker per worker: after 3 consecutive failures (connection refused
  * or reset, 5xx before any byte) the worker is skipped for 5 s; then one
@@ -136,44 +137,6 @@ export class WorkerPool {
     return this.cache.get(`${modelId}:${tierId}`, async () =>
       (await this.registry.list({ modelId, tierId })).filter((w) => w.status === 'healthy'),
     );
-  }
-
-  /** Least in-flight first; `exclude` skips workers that already failed this request. */
-  pick(candidates: readonly WorkerRecord[], exclude?: ReadonlySet<string>): WorkerRecord | null {
-    let best: WorkerRecord | null = null;
-    let bestLoad = Infinity;
-    const n = candidates.length;
-    if (n === 0) return null;
-    const start = this.rr++ % n;
-    const now = this.clock.now();
-    let fallback: WorkerRecord | null = null;
-    let fallbackOpenUntil = Infinity;
-    for (let i = 0; i < n; i++) {
-      const w = candidates[(start + i) % n]!;
-      if (exclude?.has(w.id)) continue;
-      const b = this.breakers.get(w.id);
-      if (b && b.failures >= BREAKER_THRESHOLD && (now < b.openUntil || b.probing)) {
-        if (b.openUntil < fallbackOpenUntil) {
-          fallback = w;
-          fallbackOpenUntil = b.openUntil;
-        }
-        continue;
-      }
-      const load = this.inFlight.get(w.id) ?? 0;
-      if (load >= this.limit(w)) continue;
-      if (load < bestLoad) {
-        best = w;
-        bestLoad = load;
-      }
-    }
-    const chosen = best ?? fallback;
-    if (chosen) {
-      const b = this.breakers.get(chosen.id);
-      // Past its cool-down an open breaker lets this one request through as the probe.
-      if (b && b.failures >= BREAKER_THRESHOLD && now >= b.openUntil) b.probing = true;
-      this.metrics?.workerChosen.inc({ worker: chosen.id });
-    }
-    return chosen;
   }
 
   /**
@@ -374,14 +337,6 @@ export class WorkerPool {
    */
   tierLimit(w: Pick<WorkerRecord, 'capacity'>, tier: ServiceTierHint): number {
     return Math.max(1, admissionLimit(this.limit(w), tier));
-  }
-
-  /** True when every candidate is at its in-flight limit for `tier` (429 `capacity_exceeded`). */
-  saturated(candidates: readonly WorkerRecord[], tier: ServiceTierHint = 'default'): boolean {
-    return (
-      candidates.length > 0 &&
-      candidates.every((w) => (this.inFlight.get(w.id) ?? 0) >= this.tierLimit(w, tier))
-    );
   }
 
   /** A failure before any byte reached the client (connect error, reset, 5xx). */
