@@ -11,17 +11,15 @@
  * difference between the last sample and the first sample of the second half.
  * Prints a markdown table and writes bench/results/soak-<timestamp>.json.
  */
-import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { fetch } from 'undici';
 import { installCleanup, memoryOf, runProcess, stopAll } from './lib/procs.mjs';
-import { startRouter, startSim } from './lib/services.mjs';
-import { createDatabase } from './lib/postgres.mjs';
-import { MODEL, register } from './lib/setup.mjs';
+import { startStack } from './lib/services.mjs';
+import { MODEL } from './lib/setup.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const WINDOW_S = 30;
@@ -60,20 +58,10 @@ async function heapUsedMiB(url) {
 
 async function main() {
   installCleanup();
-  const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-soak-'));
-  const db =
-    opts.storage === 'postgres'
-      ? await createDatabase(
-          process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-        )
-      : null;
-  const token = randomBytes(24).toString('base64url');
+  const stack = await startStack({ name: 'soak', storage: opts.storage });
   try {
-    const sim = await startSim({ cpu: 1 });
-    const router = await startRouter({ cpu: 0, dataDir, token, databaseUrl: db?.url ?? null });
+    const { router, reg, url } = stack;
     const routerUrl = router.url;
-    const reg = await register({ routerUrl, token, workerUrl: sim.url });
-    const url = `${routerUrl}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`;
     const body = JSON.stringify({
       model: MODEL,
       messages: [{ role: 'user', content: 'Say hello in one short sentence.' }],
@@ -161,9 +149,7 @@ async function main() {
     process.stdout.write(out.join('\n') + '\n');
     log(`results written to ${file}`);
   } finally {
-    await stopAll();
-    rmSync(dataDir, { recursive: true, force: true });
-    await db?.drop();
+    await stack.close();
   }
 }
 

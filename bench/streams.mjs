@@ -15,17 +15,15 @@
  * bench/results/streams-<timestamp>.json.
  */
 import { Buffer } from 'node:buffer';
-import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { installCleanup, memoryOf, stopAll } from './lib/procs.mjs';
-import { startRouter, startSim } from './lib/services.mjs';
-import { createDatabase } from './lib/postgres.mjs';
-import { MODEL, register } from './lib/setup.mjs';
+import { startStack } from './lib/services.mjs';
+import { MODEL } from './lib/setup.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
@@ -61,40 +59,27 @@ function metricsOf(url) {
 
 async function main() {
   installCleanup();
-  const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-streams-'));
-  const db =
-    opts.storage === 'postgres'
-      ? await createDatabase(
-          process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-        )
-      : null;
-  const token = randomBytes(24).toString('base64url');
+  const stack = await startStack({
+    name: 'streams',
+    storage: opts.storage,
+    simArgs: [
+      '--ttft-ms',
+      '0',
+      '--tpot-ms',
+      String(TPOT),
+      // Every stream decodes at once (the default sim batch is 256 sequences).
+      '--max-running',
+      String(N + 100),
+      '--kv-cache-tokens',
+      String((N + 100) * 256),
+    ],
+    // One worker carries every stream: let it have them all in flight.
+    routerEnv: { SWITCHYARD_WORKER_MAX_INFLIGHT: String(N + 100) },
+  });
   try {
-    const sim = await startSim({
-      cpu: 1,
-      simArgs: [
-        '--ttft-ms',
-        '0',
-        '--tpot-ms',
-        String(TPOT),
-        // Every stream decodes at once (the default sim batch is 256 sequences).
-        '--max-running',
-        String(N + 100),
-        '--kv-cache-tokens',
-        String((N + 100) * 256),
-      ],
-    });
-    const router = await startRouter({
-      cpu: 0,
-      dataDir,
-      token,
-      databaseUrl: db?.url ?? null,
-      // One worker carries every stream: let it have them all in flight.
-      extraEnv: { SWITCHYARD_WORKER_MAX_INFLIGHT: String(N + 100) },
-    });
+    const { router, reg } = stack;
     const routerUrl = router.url;
-    const reg = await register({ routerUrl, token, workerUrl: sim.url });
-    const url = new URL(`${routerUrl}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`);
+    const url = new URL(stack.url);
     const body = JSON.stringify({
       model: MODEL,
       messages: [{ role: 'user', content: 'Stream for a while.' }],
@@ -212,9 +197,7 @@ async function main() {
     log(`results written to ${file}`);
     if (errors > 0) process.exitCode = 1;
   } finally {
-    await stopAll();
-    rmSync(dataDir, { recursive: true, force: true });
-    await db?.drop();
+    await stack.close();
   }
 }
 

@@ -4,10 +4,14 @@
  * The router runs the single-instance setup (no Redis; PGlite in `dataDir`, or
  * PostgreSQL when `databaseUrl` is given) with limits and logging out of the way.
  */
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startService } from './procs.mjs';
-import { MODEL } from './setup.mjs';
+import { createDatabase } from './postgres.mjs';
+import { startService, stopAll } from './procs.mjs';
+import { MODEL, register } from './setup.mjs';
 
 export const BIN = join(fileURLToPath(new URL('../..', import.meta.url)), 'bin', 'switchyard.js');
 
@@ -58,4 +62,42 @@ export async function startRouter({
     timeoutMs: 60_000,
   });
   return { ...s, url: s.match[1] };
+}
+
+/**
+ * The whole single-instance setup of the soak, streams and memory benches: a
+ * throwaway data directory (and PostgreSQL database with `storage: 'postgres'`,
+ * created on BENCH_DATABASE_URL's server), the sim on CPU 1, the router on CPU 0,
+ * and the benchmark project registered. `close()` stops both and removes the rest.
+ */
+export async function startStack({ name, storage, simArgs = [], routerEnv = {} }) {
+  const dataDir = mkdtempSync(join(os.tmpdir(), `switchyard-${name}-`));
+  const db =
+    storage === 'postgres'
+      ? await createDatabase(
+          process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
+        )
+      : null;
+  const close = async () => {
+    await stopAll();
+    rmSync(dataDir, { recursive: true, force: true });
+    await db?.drop();
+  };
+  try {
+    const token = randomBytes(24).toString('base64url');
+    const sim = await startSim({ cpu: 1, simArgs });
+    const router = await startRouter({
+      cpu: 0,
+      dataDir,
+      token,
+      databaseUrl: db?.url ?? null,
+      extraEnv: routerEnv,
+    });
+    const reg = await register({ routerUrl: router.url, token, workerUrl: sim.url });
+    const url = `${router.url}/${reg.projectId}/${reg.endpointSlug}/v1/chat/completions`;
+    return { sim, router, reg, url, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
 }
