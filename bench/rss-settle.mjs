@@ -5,6 +5,7 @@
  * returns heap pages some seconds after the allocation rate drops).
  *
  *   node bench/rss-settle.mjs --storage=postgres --seconds=20 --settle=60
+ *     [--router-node-args="--some-v8-flag"]
  */
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
@@ -19,10 +20,15 @@ const { values: opts } = parseArgs({
     storage: { type: 'string', default: 'postgres' },
     seconds: { type: 'string', default: '20' },
     settle: { type: 'string', default: '60' },
+    'router-node-args': { type: 'string', default: '' },
   },
 });
 installCleanup();
-const stack = await startStack({ name: 'rss', storage: opts.storage });
+const stack = await startStack({
+  name: 'rss',
+  storage: opts.storage,
+  routerNodeArgs: opts['router-node-args'].split(' ').filter(Boolean),
+});
 const lua = join(os.tmpdir(), `switchyard-rss-${process.pid}.lua`);
 try {
   const { router, reg, url } = stack;

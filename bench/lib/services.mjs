@@ -70,7 +70,13 @@ export async function startRouter({
  * created on BENCH_DATABASE_URL's server), the sim on CPU 1, the router on CPU 0,
  * and the benchmark project registered. `close()` stops both and removes the rest.
  */
-export async function startStack({ name, storage, simArgs = [], routerEnv = {} }) {
+export async function startStack({
+  name,
+  storage,
+  simArgs = [],
+  routerEnv = {},
+  routerNodeArgs = [],
+}) {
   const dataDir = mkdtempSync(join(os.tmpdir(), `switchyard-${name}-`));
   const db =
     storage === 'postgres'
@@ -91,6 +97,7 @@ export async function startStack({ name, storage, simArgs = [], routerEnv = {} }
       dataDir,
       token,
       databaseUrl: db?.url ?? null,
+      nodeArgs: routerNodeArgs,
       extraEnv: routerEnv,
     });
     const reg = await register({ routerUrl: router.url, token, workerUrl: sim.url });

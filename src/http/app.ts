@@ -17,6 +17,7 @@ import { projectRoutes } from '../projects/routes.js';
 import type { Services } from '../runtime/services.js';
 import { ServiceError } from '../errors/index.js';
 import { errorHandler, notFoundHandler } from './errors.js';
+import { LazyRequestLogger, type Logger } from '../runtime/logger.js';
 
 export interface AppOptions {
   /** Serve HTTPS with this certificate and key (PEM). */
@@ -48,6 +49,8 @@ export async function buildApp(
       requestIdLogLabel: 'request_id',
     }),
     genReqId: (req) => requestId(req.url),
+    childLoggerFactory: (logger, bindings, opts) =>
+      new LazyRequestLogger(logger as Logger, bindings, opts) as unknown as FastifyBaseLogger,
     // Checked against Content-Length before reading and while streaming a chunked
     // body, so an oversized body is refused (413) without being buffered whole.
     bodyLimit: services.config.maxBodyBytes,
@@ -80,8 +83,11 @@ export async function buildApp(
     const status = String(reply.statusCode);
     m.httpRequests.inc({ route, method: request.method, status });
     m.httpDuration.observe({ route, status }, reply.elapsedTime / 1000);
-    request.log.info(
+    // The root logger with the id in the line: the same fields as a request child's
+    // line, without making a child per request just for this line.
+    services.logger.info(
       {
+        request_id: request.id,
         method: request.method,
         url: request.url.split('?', 1)[0],
         status: reply.statusCode,
