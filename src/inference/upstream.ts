@@ -1,19 +1,207 @@
 /**
  * Outbound HTTP to inference workers: one keep-alive undici Pool per worker
  * origin. The router never links an engine into its hot path; it proxies.
+ *
+ * Requests go through undici's `dispatch` with a handler of our own instead of
+ * `pool.request`: the response body is a queue of the chunks undici hands over,
+ * read whole (`text()`) or chunk by chunk (`for await`), not a Node `Readable`.
+ * `request` builds a stream, its async iterator and an abort-signal wrapper per
+ * call; measured against the same local server, dispatch cost about 30 µs less CPU
+ * and 5.7 KB less garbage per request (client and server in one process, one
+ * pinned core), on the router's hottest path.
  */
+import type { IncomingHttpHeaders } from 'node:http';
 import { Pool, type Dispatcher } from 'undici';
+
+/** A worker's response body: read it whole or iterate its chunks, once. */
+export interface UpstreamBody extends AsyncIterable<Buffer> {
+  /** The whole body as UTF-8. */
+  text(): Promise<string>;
+}
 
 export interface UpstreamResponse {
   statusCode: number;
-  headers: Dispatcher.ResponseData['headers'];
-  body: Dispatcher.ResponseData['body'];
+  headers: IncomingHttpHeaders;
+  body: UpstreamBody;
 }
 
 const REQUEST_HEADERS = {
   'content-type': 'application/json',
   accept: 'application/json, text/event-stream',
 } as const;
+
+/** Buffered body bytes above which a chunk-by-chunk reader pauses the socket. */
+const HIGH_WATER = 64 * 1024;
+
+function abortReason(signal: AbortSignal): Error {
+  const r: unknown = signal.reason;
+  return r instanceof Error ? r : new DOMException('This operation was aborted', 'AbortError');
+}
+
+type Waiter = {
+  resolve: (r: IteratorResult<Buffer>) => void;
+  reject: (e: Error) => void;
+};
+
+/**
+ * One request and its response. Before the headers it settles the `post()` promise
+ * (with the response, or with the connection error); after them, the body reader.
+ * The caller's signal aborts it at any point; leaving a `for await` early aborts it
+ * too (a body nobody reads must not hold a connection).
+ */
+class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
+  private controller: Dispatcher.DispatchController | null = null;
+  private started = false;
+  private readonly chunks: Buffer[] = [];
+  private head = 0;
+  private buffered = 0;
+  private ended = false;
+  private failure: Error | null = null;
+  /** The reader gave up (early `return` from iteration): later events are ignored. */
+  private closed = false;
+  private waiter: Waiter | null = null;
+  private whole: { resolve: (s: string) => void; reject: (e: Error) => void } | null = null;
+  private readonly onAbort = () => this.cancel(abortReason(this.signal));
+
+  constructor(
+    private readonly signal: AbortSignal,
+    private readonly resolve: (r: UpstreamResponse) => void,
+    private readonly reject: (e: Error) => void,
+  ) {
+    signal.addEventListener('abort', this.onAbort, { once: true });
+  }
+
+  private cancel(reason: Error): void {
+    if (this.controller) {
+      this.controller.abort(reason);
+      return;
+    }
+    // Still queued for a connection: the caller hears now, and onRequestStart
+    // aborts the request when it reaches a socket.
+    this.failure ??= reason;
+    this.done();
+    this.reject(reason);
+  }
+
+  private done(): void {
+    this.signal.removeEventListener('abort', this.onAbort);
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.failure) controller.abort(this.failure);
+  }
+
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: IncomingHttpHeaders,
+  ): void {
+    if (statusCode < 200) return; // 1xx: the real answer follows
+    this.started = true;
+    this.resolve({ statusCode, headers, body: this });
+  }
+
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.closed) return;
+    const w = this.waiter;
+    if (w) {
+      this.waiter = null;
+      w.resolve({ value: chunk, done: false });
+      return;
+    }
+    this.chunks.push(chunk);
+    this.buffered += chunk.length;
+    if (this.whole === null && this.buffered > HIGH_WATER) controller.pause();
+  }
+
+  onResponseEnd(): void {
+    this.done();
+    this.ended = true;
+    if (this.whole) {
+      this.whole.resolve(this.drain());
+      this.whole = null;
+    }
+    const w = this.waiter;
+    if (w) {
+      this.waiter = null;
+      w.resolve({ value: undefined, done: true });
+    }
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
+    this.done();
+    if (!this.started) {
+      this.reject(err);
+      return;
+    }
+    this.failure = err;
+    if (this.whole) {
+      this.whole.reject(err);
+      this.whole = null;
+    }
+    const w = this.waiter;
+    if (w) {
+      this.waiter = null;
+      w.reject(err);
+    }
+  }
+
+  private drain(): string {
+    const parts = this.head === 0 ? this.chunks : this.chunks.slice(this.head);
+    const text =
+      parts.length === 1 ? parts[0]!.toString('utf8') : Buffer.concat(parts).toString('utf8');
+    this.chunks.length = 0;
+    this.head = 0;
+    this.buffered = 0;
+    return text;
+  }
+
+  text(): Promise<string> {
+    if (this.failure && this.started) return Promise.reject(this.failure);
+    if (this.ended) return Promise.resolve(this.drain());
+    if (this.controller?.paused) this.controller.resume();
+    return new Promise((resolve, reject) => {
+      this.whole = { resolve, reject };
+    });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Buffer> {
+    return {
+      next: () => {
+        if (this.head < this.chunks.length) {
+          const value = this.chunks[this.head]!;
+          this.chunks[this.head++] = undefined as unknown as Buffer;
+          this.buffered -= value.length;
+          if (this.head === this.chunks.length) {
+            this.chunks.length = 0;
+            this.head = 0;
+          }
+          if (this.controller?.paused && this.buffered <= HIGH_WATER / 2) {
+            this.controller.resume();
+          }
+          return Promise.resolve({ value, done: false });
+        }
+        if (this.failure) return Promise.reject(this.failure);
+        if (this.ended || this.closed) return Promise.resolve({ value: undefined, done: true });
+        return new Promise<IteratorResult<Buffer>>((resolve, reject) => {
+          this.waiter = { resolve, reject };
+        });
+      },
+      return: () => {
+        if (!this.ended && !this.failure && !this.closed) {
+          this.closed = true;
+          this.done();
+          this.controller?.abort(new DOMException('The response body was abandoned', 'AbortError'));
+        }
+        this.chunks.length = 0;
+        this.head = 0;
+        this.buffered = 0;
+        return Promise.resolve({ value: undefined, done: true });
+      },
+    };
+  }
+}
 
 export class UpstreamClient {
   private readonly pools = new Map<string, Pool>();
@@ -47,6 +235,7 @@ export class UpstreamClient {
     /** Extra request headers (trace context); the fixed ones otherwise. */
     extraHeaders?: Record<string, string>,
   ): Promise<UpstreamResponse> {
+    if (signal.aborted) return Promise.reject(abortReason(signal));
     let t = this.targets.get(workerBaseUrl);
     if (!t) {
       const u = new URL(workerBaseUrl);
@@ -54,12 +243,15 @@ export class UpstreamClient {
       if (this.targets.size > 10_000) this.targets.clear();
       this.targets.set(workerBaseUrl, t);
     }
-    return this.pool(t.origin).request({
+    const pool = this.pool(t.origin);
+    const opts: Dispatcher.DispatchOptions = {
       method: 'POST',
       path: t.prefix + path,
       headers: extraHeaders ? { ...REQUEST_HEADERS, ...extraHeaders } : REQUEST_HEADERS,
       body,
-      signal,
+    };
+    return new Promise((resolve, reject) => {
+      pool.dispatch(opts, new Exchange(signal, resolve, reject));
     });
   }
 
