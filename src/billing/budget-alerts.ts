@@ -58,12 +58,30 @@ function monthStart(ms: number): Date {
   return new Date(Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1));
 }
 
+/** How long an instance trusts what it learned about a project having alerts. */
+const PRESENCE_TTL_MS = 5_000;
+
 export class BudgetAlerts {
+  /**
+   * Whether a project has alerts, as last read (or written here), until `until`.
+   * Every usage batch evaluates the projects it charged, and most projects have no
+   * alerts: without this, each batch opened a transaction per project to find none.
+   * An alert created through another instance is seen here within the TTL; its
+   * thresholds are then checked against the month's whole spend, so a crossing is
+   * reported late by at most that, never missed.
+   */
+  private readonly presence = new Map<string, { has: boolean; until: number }>();
+
   constructor(
     private readonly db: Db,
     private readonly clock: Clock,
     private readonly logger: Logger,
   ) {}
+
+  private known(projectId: string, has: boolean): void {
+    if (this.presence.size >= 100_000) this.presence.clear();
+    this.presence.set(projectId, { has, until: this.clock.now() + PRESENCE_TTL_MS });
+  }
 
   async create(projectId: string, raw: unknown) {
     const body = parseBody(createBody, raw);
@@ -77,6 +95,7 @@ export class BudgetAlerts {
       createdAt: new Date(this.clock.now()),
     };
     await this.db.insert(B).values(row);
+    this.known(projectId, true);
     return publicAlert(row);
   }
 
@@ -98,6 +117,8 @@ export class BudgetAlerts {
       : [];
     if (rows.length === 0)
       throw new ServiceError('not_found', { message: 'No such budget alert.' });
+    // Others may remain: the next batch reads the table again.
+    this.presence.delete(projectId);
     return { id, object: 'budget_alert' as const, deleted: true };
   }
 
@@ -116,9 +137,12 @@ export class BudgetAlerts {
 
   private async evaluateProject(projectId: string): Promise<number> {
     const nowMs = this.clock.now();
+    const seen = this.presence.get(projectId);
+    if (seen && !seen.has && seen.until > nowMs) return 0;
     const month = monthKey(nowMs);
     return this.db.transaction(async (tx) => {
       const alerts = await tx.select().from(B).where(eq(B.projectId, projectId)).for('update');
+      this.known(projectId, alerts.length > 0);
       if (alerts.length === 0) return 0;
       const [spend] = await tx
         .select({ micro: sql<string>`coalesce(sum(${U.costMicrocents}), 0)` })

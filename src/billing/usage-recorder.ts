@@ -117,10 +117,12 @@ export class UsageRecorder {
     private readonly logger: Logger,
     opts: UsageRecorderOptions = {},
   ) {
-    // Small, frequent batches: with PGlite the write runs on the event loop
-    // (WebAssembly, synchronous), so a batch of n rows stalls every request for
-    // about n x 40 us plus a fixed cost; 64 rows every 20 ms keeps stalls short.
-    this.interval = opts.flushIntervalMs ?? 20;
+    // At most 64 rows per statement, written when 64 are buffered or after the
+    // interval. Each batch has a fixed cost on the event loop (building the statement,
+    // the driver's buffers, the budget-alert check of its projects) and one round
+    // trip; 20 ms (the old default, from when PGlite ran on the event loop) meant a
+    // batch of ~20 rows at 1,000 req/s. The interval is also what a crash can lose.
+    this.interval = opts.flushIntervalMs ?? 100;
     this.batchSize = opts.batchSize ?? 64;
     this.maxBuffered = opts.maxBuffered ?? 100_000;
   }

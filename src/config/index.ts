@@ -28,6 +28,8 @@ export interface Config {
   keyCacheSize: number;
   /** How long a cached key verification is trusted without a database read (ms). */
   keyCacheTtlMs: number;
+  /** Longest a usage record waits in memory before its batch is written. */
+  usageFlushMs: number;
   dbPoolSize: number;
   /** How long endpoint and worker lookups are cached on the hot path (ms). */
   routeCacheTtlMs: number;
@@ -150,6 +152,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     logLevel: env.LOG_LEVEL || 'info',
     keyCacheSize: int(env, 'SWITCHYARD_KEY_CACHE_SIZE', 10_000, 1),
     keyCacheTtlMs: int(env, 'SWITCHYARD_KEY_CACHE_TTL_MS', 1_000, 0),
+    usageFlushMs: int(env, 'SWITCHYARD_USAGE_FLUSH_MS', 100, 1),
     dbPoolSize: int(env, 'SWITCHYARD_DB_POOL_SIZE', 10, 1),
     routeCacheTtlMs: int(env, 'SWITCHYARD_ROUTE_CACHE_TTL_MS', 1_000, 0),
     workerMaxInFlight: int(env, 'SWITCHYARD_WORKER_MAX_INFLIGHT', 256, 1),

@@ -119,7 +119,7 @@ export async function createServices(
   const endpointCache = new TtlCache<Endpoint | null>(deps.clock, config.routeCacheTtlMs, 10_000);
   // One upstream connection per request a worker may have in flight (HTTP/1.1: one stream each).
   const upstream = new UpstreamClient({ connections: config.workerMaxInFlight });
-  const usage = new UsageRecorder(store.db, deps.logger);
+  const usage = new UsageRecorder(store.db, deps.logger, { flushIntervalMs: config.usageFlushMs });
   // ioredis is loaded only when REDIS_URL is set (about 9 MiB of RSS otherwise).
   const redisLib = config.redisUrl ? await import('../store/redis.js') : null;
   const redis =

@@ -4,7 +4,10 @@
  * once per threshold per month.
  */
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { eq } from 'drizzle-orm';
 import { after, before, describe, it } from 'node:test';
+import { tables } from '../../src/store/index.js';
 import type { Sender } from '../../src/webhooks/sender.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
 import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
@@ -107,5 +110,69 @@ describe('budget alerts', () => {
     const fired = new Set(sent.map((s) => (JSON.parse(s.body) as { threshold: number }).threshold));
     assert.equal(fired.size, sent.length);
     assert.ok(sent.length >= before);
+  });
+});
+
+describe('budget alerts of projects without alerts', () => {
+  let f: InferenceFixture;
+  const sent: string[] = [];
+  before(async () => {
+    const sender: Sender = {
+      async send(_url, _headers, body) {
+        sent.push(body);
+        return { status: 200, body: 'ok' };
+      },
+    };
+    f = await inferenceFixture({
+      prices: [100_000, 100_000],
+      creditCents: 10_000,
+      keyScopes: ['inference', 'management'],
+      deps: {
+        webhookSender: sender,
+        webhookResolver: async () => [{ address: '93.184.215.14', family: 4 }],
+      },
+    });
+  });
+  after(() => f.close());
+
+  const spend = async () => {
+    await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'spend' }],
+      max_tokens: 4,
+    });
+    await f.server.services.usage.flush();
+    await f.server.services.dispatcher.tick();
+  };
+
+  it('are not re-read on every usage batch; an alert added elsewhere is seen within 5 s', async () => {
+    const hook = await f.server.call('POST', `/${f.projectId}/v1/webhooks`, {
+      key: f.key,
+      body: { url: 'https://hooks.example.com/b', events: ['budget.threshold_reached'] },
+    });
+    assert.equal(hook.status, 201, hook.text);
+    await spend(); // read once: no alerts
+    const [p] = await f.server.services.store.db
+      .select({ id: tables.projects.id })
+      .from(tables.projects)
+      .where(eq(tables.projects.externalId, f.projectId));
+    // Another instance's alert: written to the database, not through this instance.
+    await f.server.services.store.db.insert(tables.budgetAlerts).values({
+      id: randomUUID(),
+      projectId: p!.id,
+      name: 'elsewhere',
+      budgetAmountCents: 1,
+      thresholds: [50],
+      fired: {},
+      createdAt: new Date(f.server.clock.now()),
+    });
+    await spend();
+    assert.equal(sent.length, 0, 'the cached "no alerts" is trusted for 5 s');
+    f.server.clock.advance(5_001);
+    await spend();
+    assert.equal(sent.length, 1);
+    const body = JSON.parse(sent[0]!) as { alertName: string; threshold: number };
+    assert.equal(body.alertName, 'elsewhere');
+    assert.equal(body.threshold, 50);
   });
 });
