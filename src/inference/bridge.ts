@@ -49,6 +49,7 @@ import {
 import type { ChatRequest } from './request.js';
 import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamResponse } from './upstream.js';
+import type { AbortLike } from '../runtime/cancel.js';
 
 /** Upstream rounds per request; the last one may not call tools. */
 export const MAX_ROUNDS = 8;
@@ -75,7 +76,7 @@ export interface BridgeRun {
   /** Open streams, cancelled at the end of a shutdown's drain period. */
   streams: Set<() => void>;
   /** Posts one round upstream (worker failover and the token-count retry included). */
-  send(body: Record<string, unknown>, signal: AbortSignal): Promise<UpstreamResponse>;
+  send(body: Record<string, unknown>, signal: AbortLike): Promise<UpstreamResponse>;
   /** Response headers that depend on the worker that answered (worker id, clamp). */
   responseHeaders(): Record<string, string>;
   /** Usage fixups chat.ts applies to every response (reasoning tokens null). */

@@ -61,6 +61,7 @@ import { Deadline } from './deadline.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
 import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
+import { Cancellation, type AbortLike } from '../runtime/cancel.js';
 
 export interface ChatDeps {
   clock: Clock;
@@ -408,7 +409,7 @@ export class ChatCompletions {
   }
 
   /** Sends the request upstream; retries once on the engine's exact token-count error. */
-  private async send(run: Run, signal: AbortSignal): Promise<UpstreamResponse> {
+  private async send(run: Run, signal: AbortLike): Promise<UpstreamResponse> {
     const d = this.d;
     let res: UpstreamResponse;
     for (;;) {
@@ -463,7 +464,7 @@ export class ChatCompletions {
 
   private async complete(run: Run): Promise<void> {
     const { reply, tier } = run;
-    const abort = new AbortController();
+    const abort = new Cancellation();
     const deadline = new Deadline(this.d.clock, abort, tier.requestDeadlineMs, null);
     const onClose = () => {
       if (!reply.raw.writableFinished) abort.abort();
@@ -526,7 +527,7 @@ export class ChatCompletions {
   private async stream(run: Run): Promise<void> {
     const { reply, tier, req } = run;
     const clock = this.d.clock;
-    const abort = new AbortController();
+    const abort = new Cancellation();
     const idleMs = req.reasoningEffort ? tier.requestDeadlineMs : tier.idleTimeoutMs;
     const deadline = new Deadline(clock, abort, tier.requestDeadlineMs, idleMs);
     const raw = reply.raw;

@@ -18,7 +18,7 @@ export class Deadline {
 
   constructor(
     private readonly clock: Clock,
-    private readonly abort: AbortController,
+    private readonly abort: { abort(): void },
     deadlineMs: number,
     private readonly idleMs: number | null,
     armIdleNow = true,

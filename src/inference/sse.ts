@@ -26,6 +26,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import { catalogue, type ErrorCode } from '../errors/index.js';
+import type { AbortLike } from '../runtime/cancel.js';
 
 export interface SseEvent {
   /** The `event:` field; absent for the default (`message`) type. */
@@ -243,7 +244,7 @@ export function sseError(code: ErrorCode, message?: string, param: string | null
  * Resolves when a client stream that refused a write can take more: it drained,
  * closed, or the request was aborted (back-pressure for SSE writers).
  */
-export function drained(raw: ServerResponse, signal: AbortSignal): Promise<void> {
+export function drained(raw: ServerResponse, signal: AbortLike): Promise<void> {
   return new Promise((resolve) => {
     const done = () => {
       raw.off('drain', done);

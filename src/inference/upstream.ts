@@ -12,6 +12,7 @@
  */
 import type { IncomingHttpHeaders } from 'node:http';
 import { Pool, type Dispatcher } from 'undici';
+import type { AbortLike } from '../runtime/cancel.js';
 
 /** A worker's response body: read it whole or iterate its chunks, once. */
 export interface UpstreamBody extends AsyncIterable<Buffer> {
@@ -33,7 +34,7 @@ const REQUEST_HEADERS = {
 /** Buffered body bytes above which a chunk-by-chunk reader pauses the socket. */
 const HIGH_WATER = 64 * 1024;
 
-function abortReason(signal: AbortSignal): Error {
+function abortReason(signal: AbortLike): Error {
   const r: unknown = signal.reason;
   return r instanceof Error ? r : new DOMException('This operation was aborted', 'AbortError');
 }
@@ -64,7 +65,7 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
   private readonly onAbort = () => this.cancel(abortReason(this.signal));
 
   constructor(
-    private readonly signal: AbortSignal,
+    private readonly signal: AbortLike,
     private readonly resolve: (r: UpstreamResponse) => void,
     private readonly reject: (e: Error) => void,
   ) {
@@ -231,7 +232,7 @@ export class UpstreamClient {
     workerBaseUrl: string,
     path: string,
     body: string,
-    signal: AbortSignal,
+    signal: AbortLike,
     /** Extra request headers (trace context); the fixed ones otherwise. */
     extraHeaders?: Record<string, string>,
   ): Promise<UpstreamResponse> {

@@ -4,7 +4,7 @@
  * never contain `_`, so a key splits unambiguously. Only the SHA-256 of the
  * whole value and a short display prefix are ever stored.
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import crypto, { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 
 export const KEY_PREFIX = 'swy';
 export const TOKEN_BYTES = 32;
@@ -42,8 +42,13 @@ export function parseKey(value: string): ParsedKey | null {
   return { projectSlug: m[1]!, token: m[2]! };
 }
 
+/** Node's one-shot digest (20.12+): a third of `createHash` per call, on every request. */
+const oneShot = (crypto as { hash?: (alg: string, data: string, enc: 'hex') => string }).hash;
+
 export function hashKey(value: string): string {
-  return createHash('sha256').update(value, 'utf8').digest('hex');
+  return oneShot
+    ? oneShot('sha256', value, 'hex')
+    : createHash('sha256').update(value, 'utf8').digest('hex');
 }
 
 /** Constant-time comparison of two hex digests of equal length. */
