@@ -35,6 +35,8 @@ export interface RouterView {
   inFlight(id: string): number;
   scraped(id: string): WorkerMetrics | undefined;
   kvCacheTokens(id: string): number;
+  /** Oracle only (reads the simulated worker): TTFT if sent now, and own prefill time. */
+  exact?(id: string, req: TraceRequest): { ttft: number; work: number };
 }
 
 export interface Outcome {
@@ -46,6 +48,9 @@ export interface Outcome {
 
 export interface Attempt {
   workerId: string;
+  /** The policy's predicted cached tokens, when it has one (trace only). */
+  predictedCachedTokens?: number;
+  predictedTtftMs?: number;
   firstToken?(): void;
   finish?(o: Outcome): void;
   fail?(): void;
@@ -220,10 +225,40 @@ export class Switchyard implements Policy {
     const scorer = this.scorer;
     return {
       workerId: route.workerId,
+      predictedCachedTokens: route.predictedCachedTokens,
+      predictedTtftMs: route.predictedTtftMs,
       firstToken: () => scorer.firstToken(route, { nowMs: view.now }),
       finish: (o) => scorer.finish(route, o),
       fail: () => scorer.fail(route, { nowMs: view.now }),
     };
+  }
+}
+
+/**
+ * Not a router: reads the simulated workers' exact queues and caches (--oracle). Greedy
+ * on the exact TTFT; with `target`, a request that misses it everywhere goes where it
+ * costs the least worker time (within 15 %), the most backlogged of those.
+ */
+export class Oracle implements Policy {
+  readonly name: string;
+  constructor(private readonly target?: number) {
+    this.name = target ? `oracle hopeless>${target}` : 'oracle greedy';
+  }
+  choose(req: TraceRequest, view: RouterView, exclude: ReadonlySet<string>): Attempt | null {
+    const ids = admissible(view, exclude);
+    if (ids.length === 0 || !view.exact) return null;
+    const e = ids.map((id) => view.exact!(id, req));
+    let best = 0;
+    for (let i = 1; i < ids.length; i++) if (e[i]!.ttft < e[best]!.ttft) best = i;
+    if (this.target !== undefined && e[best]!.ttft > this.target) {
+      const least = Math.min(...e.map((x) => x.work));
+      best = -1;
+      for (let i = 0; i < ids.length; i++) {
+        if (e[i]!.work > least * 1.15) continue;
+        if (best < 0 || e[i]!.ttft > e[best]!.ttft) best = i;
+      }
+    }
+    return { workerId: ids[best]! };
   }
 }
 

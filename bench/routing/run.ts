@@ -8,12 +8,21 @@
  * Workers: w0, w1, w3 at speed 1, w2 1.5× slower, w3 killed at 40 % of the run (its
  * requests without a first token fail over at once; streaming ones fail).
  * Prints markdown tables and writes bench/results/routing-<timestamp>.json.
+ *
+ * Analysis flags (the default output is unchanged without them):
+ *   --tail=switchyard[,"sglang cache-aware"]  classify each seed's top 1 % of TTFT (cold
+ *     first request of a tenant, warm but queued, evicted, re-homed after the kill,
+ *     failover, …) from sim-side traces; TAIL_ROWS=1 prints every tail request with the
+ *     TTFT it would have had on each worker, TAIL_LIMIT=ms the count threshold (754).
+ *   --oracle=1000[,…]  add "oracle" policies that read the simulated workers' exact queues
+ *     and caches (not routers): greedy, and greedy with a hopeless rule at each target.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { ScoreConstants } from '../../src/routing/score.js';
 import {
   allPolicies,
+  Oracle,
   SCRAPE_MS,
   Switchyard,
   type Attempt,
@@ -51,6 +60,33 @@ interface Result {
   outTokens: number;
   status: 'ok' | 'failed' | 'rejected';
   good: boolean;
+  trace?: Trace;
+}
+
+/** Per-request detail for --tail (the last attempt of the request). */
+interface Trace {
+  at: number;
+  worker: string;
+  failover: boolean;
+  promptTokens: number;
+  cached: number;
+  predictedCached: number | undefined;
+  /** Dispatch → admission (KV or slots), admission → prefill start, own prefill, ms. */
+  admitWait: number;
+  queueWait: number;
+  prefillMs: number;
+  /** Trace only: TTFT on each alive worker had nothing else arrived (sim internals). */
+  would: Record<string, number>;
+  /** The policy's predicted TTFT, when it has one. */
+  predictedTtft: number | undefined;
+  /** Most leading blocks × 16 any other alive worker held at dispatch. */
+  cachedElsewhere: number;
+  /** The tenant's prefix was sent to this worker before (so a cold start here is an eviction). */
+  seenHere: boolean;
+  /** No earlier request of the tenant (first of its prefix in the run). */
+  tenantFirst: boolean;
+  /** Before the kill, the tenant had only been sent to the killed worker. */
+  onlyOnKilled: boolean;
 }
 
 interface RunStats {
@@ -61,7 +97,9 @@ interface RunStats {
   chosen: Record<string, number>;
 }
 
-function simulate(w: Workload, policy: Policy): RunStats {
+function simulate(w: Workload, policy: Policy, trace = false): RunStats {
+  const seenOn = new Map<string, Set<number>>();
+  const tenantOf = (req: TraceRequest): number => req.blockKeys[4] ?? req.blockKeys[0] ?? -1;
   const ev = new EventQueue();
   const workers = new Map(WORKERS.map((s) => [s.id, new SimWorker(s, ev)]));
   let alive = WORKERS.map((s) => s.id);
@@ -80,6 +118,13 @@ function simulate(w: Workload, policy: Policy): RunStats {
     inFlight: (id) => inFlight.get(id) ?? 0,
     scraped: (id) => scraped.get(id),
     kvCacheTokens: (id) => workers.get(id)!.spec.kvCacheTokens,
+    exact: (id, req) => {
+      const wk = workers.get(id)!;
+      return {
+        ttft: wk.wouldTake(req.promptTokens, req.blockKeys),
+        work: wk.ownPrefill(req.promptTokens, req.blockKeys),
+      };
+    },
   };
   // Requests on the killed worker that had not started, with their attempt.
   const attempts = new Map<Job, { req: TraceRequest; attempt: Attempt; tried: Set<string> }>();
@@ -103,6 +148,44 @@ function simulate(w: Workload, policy: Policy): RunStats {
       return;
     }
     const id = attempt.workerId;
+    let tr: Trace | undefined;
+    if (trace) {
+      const tenant = tenantOf(req);
+      let elsewhere = 0;
+      let anywhere = false;
+      let other = false;
+      for (const [wid, wk] of workers) {
+        const seen = seenOn.get(wid)?.has(tenant) ?? false;
+        anywhere ||= seen;
+        if (seen && wid !== KILLED) other = true;
+        if (wid !== id && alive.includes(wid)) {
+          elsewhere = Math.max(elsewhere, wk.cachedBlocks(req.blockKeys) * 16);
+        }
+      }
+      tr = {
+        at: req.at,
+        worker: id,
+        failover: tried.size > 0,
+        promptTokens: req.promptTokens,
+        cached: 0,
+        predictedCached: attempt.predictedCachedTokens,
+        predictedTtft: attempt.predictedTtftMs,
+        would: Object.fromEntries(
+          alive.map((wid) => [wid, workers.get(wid)!.wouldTake(req.promptTokens, req.blockKeys)]),
+        ),
+        admitWait: 0,
+        queueWait: 0,
+        prefillMs: 0,
+        cachedElsewhere: elsewhere,
+        seenHere: seenOn.get(id)?.has(tenant) ?? false,
+        tenantFirst: !anywhere,
+        onlyOnKilled: anywhere && !other,
+      };
+      const set = seenOn.get(id) ?? new Set<number>();
+      set.add(tenant);
+      seenOn.set(id, set);
+    }
+    const dispatchedAt = ev.now;
     chosen[id] = (chosen[id] ?? 0) + 1;
     inFlight.set(id, (inFlight.get(id) ?? 0) + 1);
     let ttftMs = 0;
@@ -117,6 +200,12 @@ function simulate(w: Workload, policy: Policy): RunStats {
       onFirstToken: (now, c) => {
         ttftMs = now - req.at;
         cached = c;
+        if (tr) {
+          tr.cached = c;
+          tr.admitWait = (job.admittedAt ?? now) - dispatchedAt;
+          tr.queueWait = (job.prefillAt ?? now) - (job.admittedAt ?? now);
+          tr.prefillMs = now - (job.prefillAt ?? now);
+        }
         attempt.firstToken?.();
       },
       onFinish: (_now, tpotMs) => {
@@ -131,6 +220,7 @@ function simulate(w: Workload, policy: Policy): RunStats {
           outTokens: req.outTokens,
           status: 'ok',
           good: ttftMs <= req.goal.ttftMs && tpotMs <= req.goal.tpotMs,
+          ...(tr ? { trace: tr } : {}),
         });
       },
     };
@@ -244,6 +334,11 @@ function main(): void {
       constants: { type: 'string' },
       // First seed to run (seeds first-seed..seeds), e.g. --first-seed=6 --seeds=10.
       'first-seed': { type: 'string', default: '1' },
+      // Decompose the top 1 % of TTFT of the named policies (comma-separated prefixes).
+      tail: { type: 'string' },
+      // Add oracle policies (they read the simulated workers; not routers): greedy and,
+      // for each comma-separated target, the hopeless rule at that TTFT target.
+      oracle: { type: 'string' },
     },
   });
   const seeds = values.quick ? 1 : Number(values.seeds);
@@ -254,8 +349,22 @@ function main(): void {
     ? (JSON.parse(values.constants) as Partial<ScoreConstants>)
     : undefined;
   const only = values.policies?.split(',').map((s) => s.trim());
-  const policies = (): Policy[] =>
-    allPolicies(constants).filter((p) => !only || only.some((o) => p.name.startsWith(o)));
+  const oracles = (): Policy[] =>
+    values.oracle === undefined
+      ? []
+      : [
+          new Oracle(),
+          ...values.oracle
+            .split(',')
+            .filter((x) => x.trim() !== '')
+            .map((x) => new Oracle(Number(x))),
+        ];
+  const policies = (): Policy[] => [
+    ...allPolicies(constants).filter((p) => !only || only.some((o) => p.name.startsWith(o))),
+    ...oracles(),
+  ];
+  const tailOf = values.tail?.split(',').map((s) => s.trim());
+  const tails = new Map<string, Result[][]>();
   const names = values.only ? WORKLOADS.filter((n) => n === values.only) : [...WORKLOADS];
   const t0 = performance.now();
   const report: Record<string, Record<string, Summary & { perTier: Record<string, Summary> }>> = {};
@@ -269,7 +378,12 @@ function main(): void {
       const w = makeWorkload(name, seed, durationMs);
       requests += w.requests.length;
       for (const p of policies()) {
-        const run = simulate(w, p);
+        const traced = !!tailOf?.some((o) => p.name === o);
+        const run = simulate(w, p, traced);
+        if (traced) {
+          const key = `${name} / ${p.name}`;
+          tails.set(key, [...(tails.get(key) ?? []), run.results]);
+        }
         if (p instanceof Switchyard) {
           const list = mae.get(p.name) ?? [];
           list.push(p.scorer.index.predictionStats().meanAbsErrorTokens);
@@ -341,7 +455,9 @@ function main(): void {
     }
     const sy = report[name]['switchyard'];
     if (!sy || !report[name]['least-queue']) continue;
-    const base = Object.entries(report[name]).filter(([p]) => !p.startsWith('switchyard'));
+    const base = Object.entries(report[name]).filter(
+      ([p]) => !p.startsWith('switchyard') && !p.startsWith('oracle'),
+    );
     const prefixHeavy = name !== 'prefix-free';
     if (prefixHeavy) {
       const bestP99 = Math.min(...base.map(([, s]) => s.ttftP99));
@@ -367,6 +483,7 @@ function main(): void {
     '| --- | --- | --- |',
     ...verdicts,
   );
+  for (const [key, runs] of tails) lines.push(...tailReport(key, runs, durationMs, firstSeed));
   const secs = (performance.now() - t0) / 1000;
   console.log(lines.join('\n'));
   console.log(
@@ -376,6 +493,116 @@ function main(): void {
   const file = `bench/results/routing-${new Date().toISOString().replace(/[:.]/g, '-')}.json`;
   writeFileSync(file, JSON.stringify({ seeds, durationMs, workers: WORKERS, report }, null, 2));
   console.log(`wrote ${file}`);
+}
+
+/** Classifies each seed's top 1 % of TTFT (at or above that seed's p99). */
+function tailReport(
+  key: string,
+  runs: Result[][],
+  durationMs: number,
+  firstSeed: number,
+): string[] {
+  const killAt = durationMs * KILL_AT;
+  const classes = new Map<string, Trace[]>();
+  const add = (c: string, t: Trace): void => {
+    classes.set(c, [...(classes.get(c) ?? []), t]);
+  };
+  const byWorker: Record<string, number> = {};
+  const byTime: Record<string, number> = {};
+  let n = 0;
+  const all: Array<Trace & { ttft: number; seed: number }> = [];
+  const perSeed: string[] = [];
+  runs.forEach((rs, seed) => {
+    const ok = rs.filter((r) => r.status === 'ok');
+    const p99 = quantile(
+      ok.map((r) => r.ttftMs!),
+      0.99,
+    );
+    const over = (x: number, from: number, to: number): number =>
+      ok.filter((r) => r.ttftMs! > x && r.trace && r.trace.at >= from && r.trace.at < to).length;
+    const lim = Number(process.env.TAIL_LIMIT ?? 754);
+    perSeed.push(
+      `seed ${seed + firstSeed}: p99 ${f0(p99)}, p99.9 ${f0(
+        quantile(
+          ok.map((r) => r.ttftMs!),
+          0.999,
+        ),
+      )}, max ${f0(Math.max(...ok.map((r) => r.ttftMs!)))} (rank ${Math.ceil(0.99 * ok.length)} of ${ok.length}); > ${lim} ms: ${over(lim, 0, Infinity)} (< 10 s ${over(lim, 0, 10_000)}, kill…+10 s ${over(lim, killAt, killAt + 10_000)})`,
+    );
+    // Prefill work spent on requests that arrived in the first 10 s, by kind.
+    const early: Record<string, [number, number]> = {};
+    for (const r of ok) {
+      const t = r.trace;
+      if (!t || t.at >= 10_000) continue;
+      const cold = t.cached < 0.5 * t.promptTokens;
+      const kind = !cold
+        ? 'warm'
+        : t.tenantFirst
+          ? 'cold-first'
+          : t.seenHere
+            ? 'cold-evicted'
+            : 'cold-replica';
+      const e = (early[kind] ??= [0, 0]);
+      e[0]++;
+      e[1] += t.prefillMs;
+    }
+    perSeed.push(
+      `  first 10 s, requests / prefill ms: ${Object.entries(early)
+        .map(([k, [c, ms]]) => `${k} ${c} / ${f0(ms)}`)
+        .join(', ')}`,
+    );
+    for (const r of ok) {
+      if (r.ttftMs! < p99 || !r.trace) continue;
+      const t = r.trace;
+      n++;
+      all.push({ ...t, ttft: r.ttftMs!, seed: seed + firstSeed });
+      byWorker[t.worker] = (byWorker[t.worker] ?? 0) + 1;
+      const when =
+        t.at < 10_000
+          ? 'arrived < 10 s'
+          : t.at >= killAt - 2000 && t.at < killAt + 10_000
+            ? 'arrived kill−2 s…kill+10 s'
+            : 'arrived elsewhere';
+      byTime[when] = (byTime[when] ?? 0) + 1;
+      const cold = t.cached < 0.5 * t.promptTokens;
+      if (t.failover) add('failover from the killed worker', t);
+      else if (!cold) add('warm (prefix cached): queueing', t);
+      else if (t.tenantFirst) add('cold: first request of its tenant', t);
+      else if (t.onlyOnKilled && t.at >= killAt) add('cold: tenant re-homed after the kill', t);
+      else if (t.cachedElsewhere >= 0.5 * t.promptTokens) add('cold: cached on another worker', t);
+      else if (t.seenHere) add('cold: evicted on this worker', t);
+      else add('cold: other (evicted elsewhere, new here)', t);
+    }
+  });
+  const m = (xs: number[]): string => f0(mean(xs));
+  const out = [
+    `\n### Tail of ${key}: ${n} requests at or above each seed's p99\n`,
+    `By worker: ${JSON.stringify(byWorker)}; by arrival: ${JSON.stringify(byTime)}\n`,
+    ...perSeed.map((l) => `- ${l}`),
+    '',
+    '| class | n | mean TTFT | dispatch→admit | admit→prefill (queue) | own prefill | prompt | cached | predicted cached | cached elsewhere | on w2 |',
+    '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+  ];
+  for (const [c, ts] of [...classes].sort((a, b) => b[1].length - a[1].length)) {
+    out.push(
+      `| ${c} | ${ts.length} | ${m(ts.map((t) => t.prefillMs + t.queueWait + t.admitWait))} | ${m(ts.map((t) => t.admitWait))} | ${m(ts.map((t) => t.queueWait))} | ${m(ts.map((t) => t.prefillMs))} | ${m(ts.map((t) => t.promptTokens))} | ${m(ts.map((t) => t.cached))} | ${m(ts.map((t) => t.predictedCached ?? NaN))} | ${m(ts.map((t) => t.cachedElsewhere))} | ${ts.filter((t) => t.worker === 'w2').length} |`,
+    );
+  }
+  if (process.env.TAIL_ROWS) {
+    out.push(
+      '\nseed at_s worker ttft admit queue prefill prompt cached pred elsewhere flags | predTTFT | would-take per worker',
+    );
+    for (const t of all.sort((a, b) => a.seed - b.seed || a.at - b.at)) {
+      out.push(
+        `${t.seed} ${(t.at / 1000).toFixed(2)} ${t.worker} ${f0(t.ttft)} ${f0(t.admitWait)} ${f0(t.queueWait)} ${f0(t.prefillMs)} ${t.promptTokens} ${t.cached} ${t.predictedCached ?? '-'} ${t.cachedElsewhere} ${[t.failover ? 'F' : '', t.tenantFirst ? 'first' : '', t.seenHere ? 'seen' : '', t.onlyOnKilled ? 'w3only' : ''].join('')} | ${f0(t.predictedTtft ?? NaN)} | ${Object.entries(
+          t.would,
+        )
+          .map(([k, v]) => `${k}:${f0(v)}`)
+          .join(' ')}`,
+      );
+    }
+  }
+  return out;
 }
 
 main();

@@ -92,6 +92,9 @@ export interface Job {
   cached: number;
   tail: number;
   started: boolean;
+  /** Trace (bench/routing/run.ts --tail): when the job was admitted and its prefill began. */
+  admittedAt?: number;
+  prefillAt?: number;
 }
 
 export interface WorkerMetrics {
@@ -109,6 +112,7 @@ export class SimWorker {
   private readonly running = new Set<Job>();
   private readonly prefill: Job[] = [];
   private prefilling = false;
+  private prefillEnd = 0;
   promptTokens = 0;
   cachedTokens = 0;
 
@@ -125,6 +129,37 @@ export class SimWorker {
     job.started = false;
     this.queue.push(job);
     this.drain();
+  }
+
+  /** Leading prompt blocks in the worker's cache (trace only; the router cannot see it). */
+  cachedBlocks(keys: readonly number[]): number {
+    return this.alive ? this.cache.match(keys) : 0;
+  }
+
+  /**
+   * Trace only: the TTFT a job submitted now would get if nothing else arrived (the
+   * current prefill's remainder, the queued prefills, its own), ignoring KV admission.
+   */
+  wouldTake(promptTokens: number, blockKeys: readonly number[]): number {
+    if (!this.alive) return Infinity;
+    const s = this.spec;
+    const cost = (j: Job): number =>
+      (s.ttftMs + (j.promptTokens - j.cached) * s.prefillMsPerToken) * s.slowdown;
+    let t = this.prefilling ? Math.max(0, this.prefillEnd - this.ev.now) : 0;
+    for (const j of this.prefill) t += cost(j);
+    for (const j of this.queue) {
+      const c = this.cache.match(j.blockKeys, Math.floor((j.promptTokens - 1) / s.blockSize));
+      t += (s.ttftMs + (j.promptTokens - c * s.blockSize) * s.prefillMsPerToken) * s.slowdown;
+    }
+    const own = this.cache.match(blockKeys, Math.floor((promptTokens - 1) / s.blockSize));
+    return t + (s.ttftMs + (promptTokens - own * s.blockSize) * s.prefillMsPerToken) * s.slowdown;
+  }
+
+  /** Trace only: the job's own prefill time here (its uncached tokens at this cache). */
+  ownPrefill(promptTokens: number, blockKeys: readonly number[]): number {
+    const s = this.spec;
+    const own = this.cache.match(blockKeys, Math.floor((promptTokens - 1) / s.blockSize));
+    return (s.ttftMs + (promptTokens - own * s.blockSize) * s.prefillMsPerToken) * s.slowdown;
   }
 
   metrics(): WorkerMetrics {
@@ -169,6 +204,7 @@ export class SimWorker {
     const bs = this.spec.blockSize;
     const limit = Math.floor((job.promptTokens - 1) / bs);
     job.cached = this.cache.match(job.blockKeys, limit) * bs;
+    job.admittedAt = this.ev.now;
     this.cache.acquire(job.blockKeys);
     this.running.add(job);
     job.tail = this.tailFor(job);
@@ -184,6 +220,8 @@ export class SimWorker {
     const s = this.spec;
     const ms = (s.ttftMs + (job.promptTokens - job.cached) * s.prefillMsPerToken) * s.slowdown;
     this.prefilling = true;
+    this.prefillEnd = this.ev.now + ms;
+    job.prefillAt = this.ev.now;
     this.ev.at(this.ev.now + ms, () => {
       if (!this.alive) return;
       this.prefilling = false;
