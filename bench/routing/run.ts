@@ -16,6 +16,10 @@
  *     TTFT it would have had on each worker, TAIL_LIMIT=ms the count threshold (754).
  *   --oracle=1000[,…]  add "oracle" policies that read the simulated workers' exact queues
  *     and caches (not routers): greedy, and greedy with a hopeless rule at each target.
+ *   --gate=G[,local|fifo]  experiment: Switchyard holds requests at the router until a
+ *     worker has fewer than G without a first token; one queue served shortest prefill
+ *     first (or `fifo`), or with `local` the worker chosen on arrival and each worker's
+ *     router queue served shortest first. Not in the live router (docs/BENCHMARKS.md).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -97,6 +101,18 @@ interface RunStats {
   chosen: Record<string, number>;
 }
 
+/**
+ * Experiment (--gate=G[,fifo]): Switchyard's policies hold requests in a router queue
+ * and send one to a worker only while it has fewer than G requests without a first
+ * token; the queue is served shortest own prefill first (read exactly from the
+ * simulated worker, an upper bound of what the prefix index could predict), or in
+ * arrival order with `fifo`. Not a router the live code has.
+ */
+let GATE = 0;
+let GATE_FIFO = false;
+/** `local`: the worker is chosen on arrival; each worker's router queue is ordered. */
+let GATE_LOCAL = false;
+
 function simulate(w: Workload, policy: Policy, trace = false): RunStats {
   const seenOn = new Map<string, Set<number>>();
   const tenantOf = (req: TraceRequest): number => req.blockKeys[4] ?? req.blockKeys[0] ?? -1;
@@ -140,9 +156,70 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     endMs = Math.max(endMs, ev.now);
   };
 
+  const gate = GATE > 0 && policy.name.startsWith('switchyard') ? GATE : 0;
+  const prefilling = new Map<string, number>();
+  const held: Array<{ req: TraceRequest; tried: Set<string> }> = [];
+  const pump = (): void => {
+    for (;;) {
+      const free = alive.filter((id) => (prefilling.get(id) ?? 0) < gate);
+      if (free.length === 0 || held.length === 0) return;
+      let bi = -1;
+      let best = Infinity;
+      for (let i = 0; i < held.length; i++) {
+        const h = held[i]!;
+        const ok = free.filter((id) => !h.tried.has(id));
+        if (ok.length === 0) continue;
+        if (GATE_FIFO) {
+          bi = i;
+          break;
+        }
+        for (const id of ok) {
+          const c = workers.get(id)!.ownPrefill(h.req.promptTokens, h.req.blockKeys);
+          if (c < best) {
+            best = c;
+            bi = i;
+          }
+        }
+      }
+      if (bi < 0) return;
+      const h = held.splice(bi, 1)[0]!;
+      const exclude = new Set([...h.tried, ...alive.filter((id) => !free.includes(id))]);
+      dispatchNow(h.req, h.tried, exclude);
+    }
+  };
+
+  const localQ = new Map<string, Job[]>();
+  const pumpLocal = (id: string): void => {
+    const q = localQ.get(id);
+    const wk = workers.get(id)!;
+    while (q && q.length > 0 && (prefilling.get(id) ?? 0) < gate && wk.alive) {
+      let bi = 0;
+      let best = Infinity;
+      for (let i = 0; i < q.length; i++) {
+        const c = wk.ownPrefill(q[i]!.promptTokens, q[i]!.blockKeys);
+        if (c < best) {
+          best = c;
+          bi = i;
+        }
+      }
+      const job = q.splice(bi, 1)[0]!;
+      prefilling.set(id, (prefilling.get(id) ?? 0) + 1);
+      wk.submit(job);
+    }
+  };
+
   const dispatch = (req: TraceRequest, tried: Set<string>): void => {
+    if (gate === 0 || GATE_LOCAL) {
+      dispatchNow(req, tried, tried);
+      return;
+    }
+    held.push({ req, tried });
+    pump();
+  };
+
+  const dispatchNow = (req: TraceRequest, tried: Set<string>, exclude: Set<string>): void => {
     const tier: Tier = req.tier === 'priority' || req.tier === 'flex' ? req.tier : 'default';
-    const attempt = policy.choose(req, view, tried);
+    const attempt = policy.choose(req, view, exclude);
     if (!attempt) {
       done({ id: req.id, tier, outTokens: 0, status: 'rejected', good: false });
       return;
@@ -188,6 +265,7 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     const dispatchedAt = ev.now;
     chosen[id] = (chosen[id] ?? 0) + 1;
     inFlight.set(id, (inFlight.get(id) ?? 0) + 1);
+    if (gate > 0 && !GATE_LOCAL) prefilling.set(id, (prefilling.get(id) ?? 0) + 1);
     let ttftMs = 0;
     let cached = 0;
     const job: Job = {
@@ -207,6 +285,11 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
           tr.prefillMs = now - (job.prefillAt ?? now);
         }
         attempt.firstToken?.();
+        if (gate > 0) {
+          prefilling.set(id, prefilling.get(id)! - 1);
+          if (GATE_LOCAL) pumpLocal(id);
+          else pump();
+        }
       },
       onFinish: (_now, tpotMs) => {
         attempts.delete(job);
@@ -225,7 +308,12 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
       },
     };
     attempts.set(job, { req, attempt, tried });
-    workers.get(id)!.submit(job);
+    if (gate > 0 && GATE_LOCAL) {
+      const q = localQ.get(id) ?? [];
+      q.push(job);
+      localQ.set(id, q);
+      pumpLocal(id);
+    } else workers.get(id)!.submit(job);
   };
 
   for (const req of w.requests) ev.at(req.at, () => dispatch(req, new Set()));
@@ -234,6 +322,7 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     alive = alive.filter((id) => id !== KILLED);
     const { notStarted, streaming } = victim.kill();
     inFlight.set(KILLED, 0);
+    prefilling.set(KILLED, 0);
     for (const job of streaming) {
       const a = attempts.get(job)!;
       attempts.delete(job);
@@ -242,7 +331,9 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
         a.req.tier === 'priority' || a.req.tier === 'flex' ? a.req.tier : 'default';
       done({ id: a.req.id, tier, outTokens: 0, status: 'failed', good: false });
     }
-    for (const job of notStarted) {
+    const heldHere = localQ.get(KILLED) ?? [];
+    localQ.delete(KILLED);
+    for (const job of [...notStarted, ...heldHere]) {
       const a = attempts.get(job)!;
       attempts.delete(job);
       a.attempt.fail?.();
@@ -339,8 +430,16 @@ function main(): void {
       // Add oracle policies (they read the simulated workers; not routers): greedy and,
       // for each comma-separated target, the hopeless rule at that TTFT target.
       oracle: { type: 'string' },
+      // Experiment: a router-side prefill gate for Switchyard (see GATE above).
+      gate: { type: 'string' },
     },
   });
+  if (values.gate) {
+    const [g, order] = values.gate.split(',');
+    GATE = Number(g);
+    GATE_FIFO = order === 'fifo';
+    GATE_LOCAL = order === 'local';
+  }
   const seeds = values.quick ? 1 : Number(values.seeds);
   const firstSeed = values.quick ? 1 : Number(values['first-seed']);
   const nSeeds = seeds - firstSeed + 1;
