@@ -13,7 +13,7 @@ import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { eventId, insertEvent } from '../events/outbox.js';
 import { parseBody } from '../http/validate.js';
-import type { Clock } from '../runtime/clock.js';
+import type { Clock, Timer } from '../runtime/clock.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -60,6 +60,13 @@ function monthStart(ms: number): Date {
 
 /** How long an instance trusts what it learned about a project having alerts. */
 const PRESENCE_TTL_MS = 5_000;
+/**
+ * A project's alerts are evaluated at most once per this interval per instance. An
+ * evaluation sums the month's usage of the project; a busy project writes a usage
+ * batch every 100 ms, and summing a month of rows that often would load the database
+ * for nothing. A batch inside the interval schedules one evaluation at its end.
+ */
+const EVAL_INTERVAL_MS = 1_000;
 
 export class BudgetAlerts {
   /**
@@ -71,6 +78,11 @@ export class BudgetAlerts {
    * reported late by at most that, never missed.
    */
   private readonly presence = new Map<string, { has: boolean; until: number }>();
+  private readonly lastEval = new Map<string, number>();
+  /** Evaluations deferred to the end of their project's interval. */
+  private readonly due = new Map<string, Timer>();
+  /** Called when a deferred evaluation fired events (the webhook dispatcher's poke). */
+  onFired: (() => void) | null = null;
 
   constructor(
     private readonly db: Db,
@@ -126,19 +138,50 @@ export class BudgetAlerts {
   async evaluate(projectIds: Iterable<string>): Promise<number> {
     let fired = 0;
     for (const projectId of projectIds) {
-      try {
-        fired += await this.evaluateProject(projectId);
-      } catch (err) {
-        this.logger.warn({ err, projectId }, 'budget alert evaluation failed');
+      const now = this.clock.now();
+      const seen = this.presence.get(projectId);
+      if (seen && !seen.has && seen.until > now) continue;
+      const last = this.lastEval.get(projectId);
+      if (last !== undefined && now - last < EVAL_INTERVAL_MS) {
+        if (!this.due.has(projectId)) {
+          const timer = this.clock.setTimer(last + EVAL_INTERVAL_MS - now, () => {
+            this.due.delete(projectId);
+            void this.evaluate([projectId]).then((n) => {
+              if (n > 0) this.onFired?.();
+            });
+          });
+          this.due.set(projectId, timer);
+        }
+        continue;
       }
+      fired += await this.evaluateNow(projectId);
     }
     return fired;
   }
 
+  /** Runs the deferred evaluations now (a graceful stop, before the store closes). */
+  async close(): Promise<number> {
+    const projects = [...this.due.keys()];
+    for (const t of this.due.values()) t.cancel();
+    this.due.clear();
+    let fired = 0;
+    for (const p of projects) fired += await this.evaluateNow(p);
+    return fired;
+  }
+
+  private async evaluateNow(projectId: string): Promise<number> {
+    if (this.lastEval.size >= 100_000) this.lastEval.clear();
+    this.lastEval.set(projectId, this.clock.now());
+    try {
+      return await this.evaluateProject(projectId);
+    } catch (err) {
+      this.logger.warn({ err, projectId }, 'budget alert evaluation failed');
+      return 0;
+    }
+  }
+
   private async evaluateProject(projectId: string): Promise<number> {
     const nowMs = this.clock.now();
-    const seen = this.presence.get(projectId);
-    if (seen && !seen.has && seen.until > nowMs) return 0;
     const month = monthKey(nowMs);
     return this.db.transaction(async (tx) => {
       const alerts = await tx.select().from(B).where(eq(B.projectId, projectId)).for('update');

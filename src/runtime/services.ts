@@ -179,6 +179,7 @@ export async function createServices(
   usage.onSpend = async (projectIds) => {
     if ((await budgetAlerts.evaluate(projectIds)) > 0) dispatcher.poke();
   };
+  budgetAlerts.onFired = () => dispatcher.poke();
   const bus = redis
     ? await InvalidationBus.redis(
         redis,
@@ -296,6 +297,7 @@ export async function createServices(
       await exec.stop();
       await dispatcher.stop();
       await usage.close();
+      await budgetAlerts.close();
       await upstream.close();
       await limiter.close();
       await bus.close();

@@ -175,4 +175,26 @@ describe('budget alerts of projects without alerts', () => {
     assert.equal(body.alertName, 'elsewhere');
     assert.equal(body.threshold, 50);
   });
+
+  it('evaluates a project at most once a second; a batch inside the second is evaluated at its end', async () => {
+    f.server.clock.advance(1_001);
+    await spend(); // evaluated now: nothing new to fire
+    assert.equal(sent.length, 1);
+    const late = await f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
+      key: f.key,
+      body: { name: 'late', budget_amount_cents: 1, thresholds: [100] },
+    });
+    assert.equal(late.status, 201, late.text);
+    await spend(); // inside the second: deferred
+    assert.equal(sent.length, 1, 'evaluated again within the second');
+    f.server.clock.advance(1_000);
+    for (let i = 0; i < 100 && sent.length < 2; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      await f.server.services.dispatcher.tick();
+    }
+    assert.equal(sent.length, 2, 'the deferred evaluation did not run at the end of the second');
+    const body = JSON.parse(sent[1]!) as { alertName: string; threshold: number };
+    assert.equal(body.alertName, 'late');
+    assert.equal(body.threshold, 100);
+  });
 });
