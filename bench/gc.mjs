@@ -12,6 +12,7 @@ import { parseArgs } from 'node:util';
 import { runOpenLoop } from './lib/open-loop.mjs';
 import { installCleanup } from './lib/procs.mjs';
 import { startStack } from './lib/services.mjs';
+import { CHAT_BODY } from './lib/setup.mjs';
 
 const { values: opts } = parseArgs({
   options: {
@@ -35,15 +36,10 @@ try {
   stack.router.child.stdout.on('data', (d) => {
     if (counting) out += d;
   });
-  const body = JSON.stringify({
-    model: 'x',
-    messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
-    max_tokens: 16,
-  });
   const load = {
     url: stack.url,
     headers: { authorization: `Bearer ${stack.reg.key}` },
-    body,
+    body: CHAT_BODY,
     rate,
   };
   await runOpenLoop({ ...load, durationS: 5 });

@@ -67,7 +67,7 @@ import {
 } from './lib/procs.mjs';
 import { formatProfile, summarizeProfile } from './lib/profile.mjs';
 import { markdownReport } from './lib/report.mjs';
-import { MODEL, register } from './lib/setup.mjs';
+import { CHAT_BODY, register } from './lib/setup.mjs';
 import { diff } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 import { createDatabase } from './lib/postgres.mjs';
@@ -123,11 +123,7 @@ const WRK_CONNECTIONS = 64;
 const OPEN_LOOP_CONNECTIONS = 256;
 const PROFILE_LOAD_S = 15;
 
-const BODY = JSON.stringify({
-  model: MODEL,
-  messages: [{ role: 'user', content: 'Say hello in one short sentence.' }],
-  max_tokens: 16,
-});
+const BODY = CHAT_BODY;
 const STREAM_BODY = JSON.stringify({ ...JSON.parse(BODY), stream: true });
 
 function log(msg) {

@@ -19,7 +19,7 @@ import { parseArgs } from 'node:util';
 import { fetch } from 'undici';
 import { installCleanup, memoryOf, runProcess, stopAll } from './lib/procs.mjs';
 import { startStack } from './lib/services.mjs';
-import { MODEL } from './lib/setup.mjs';
+import { CHAT_BODY } from './lib/setup.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const WINDOW_S = 30;
@@ -62,11 +62,7 @@ async function main() {
   try {
     const { router, reg, url } = stack;
     const routerUrl = router.url;
-    const body = JSON.stringify({
-      model: MODEL,
-      messages: [{ role: 'user', content: 'Say hello in one short sentence.' }],
-      max_tokens: 16,
-    });
+    const body = CHAT_BODY;
     const windows = Math.max(2, Math.round((MINUTES * 60) / WINDOW_S));
     const samples = [];
     const t0 = Date.now();

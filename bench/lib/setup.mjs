@@ -8,6 +8,13 @@
 import { fetch } from 'undici';
 
 export const MODEL = 'bench-sim';
+
+/** The chat completion every overhead bench sends (16 tokens from the sim). */
+export const CHAT_BODY = JSON.stringify({
+  model: MODEL,
+  messages: [{ role: 'user', content: 'Say hello in one short sentence.' }],
+  max_tokens: 16,
+});
 const TIER = 'self_hosted';
 
 /** One operator API call; throws on a non-2xx answer. */

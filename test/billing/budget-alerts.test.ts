@@ -12,25 +12,32 @@ import type { Sender } from '../../src/webhooks/sender.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
 import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
 
+/** A priced endpoint whose webhook deliveries are collected in `sent` instead of sent. */
+function pricedFixture(
+  sent: Array<{ headers: Record<string, string>; body: string }>,
+): Promise<InferenceFixture> {
+  const sender: Sender = {
+    async send(_url, headers, body) {
+      sent.push({ headers, body });
+      return { status: 200, body: 'ok' };
+    },
+  };
+  return inferenceFixture({
+    prices: [100_000, 100_000],
+    creditCents: 10_000,
+    keyScopes: ['inference', 'management'],
+    deps: {
+      webhookSender: sender,
+      webhookResolver: async () => [{ address: '93.184.215.14', family: 4 }],
+    },
+  });
+}
+
 describe('budget alerts', () => {
   let f: InferenceFixture;
   const sent: Array<{ headers: Record<string, string>; body: string }> = [];
   before(async () => {
-    const sender: Sender = {
-      async send(_url, headers, body) {
-        sent.push({ headers, body });
-        return { status: 200, body: 'ok' };
-      },
-    };
-    f = await inferenceFixture({
-      prices: [100_000, 100_000],
-      creditCents: 10_000,
-      keyScopes: ['inference', 'management'],
-      deps: {
-        webhookSender: sender,
-        webhookResolver: async () => [{ address: '93.184.215.14', family: 4 }],
-      },
-    });
+    f = await pricedFixture(sent);
   });
   after(() => f.close());
 
@@ -115,23 +122,9 @@ describe('budget alerts', () => {
 
 describe('budget alerts of projects without alerts', () => {
   let f: InferenceFixture;
-  const sent: string[] = [];
+  const sent: Array<{ headers: Record<string, string>; body: string }> = [];
   before(async () => {
-    const sender: Sender = {
-      async send(_url, _headers, body) {
-        sent.push(body);
-        return { status: 200, body: 'ok' };
-      },
-    };
-    f = await inferenceFixture({
-      prices: [100_000, 100_000],
-      creditCents: 10_000,
-      keyScopes: ['inference', 'management'],
-      deps: {
-        webhookSender: sender,
-        webhookResolver: async () => [{ address: '93.184.215.14', family: 4 }],
-      },
-    });
+    f = await pricedFixture(sent);
   });
   after(() => f.close());
 
@@ -171,7 +164,7 @@ describe('budget alerts of projects without alerts', () => {
     f.server.clock.advance(5_001);
     await spend();
     assert.equal(sent.length, 1);
-    const body = JSON.parse(sent[0]!) as { alertName: string; threshold: number };
+    const body = JSON.parse(sent[0]!.body) as { alertName: string; threshold: number };
     assert.equal(body.alertName, 'elsewhere');
     assert.equal(body.threshold, 50);
   });
@@ -193,7 +186,7 @@ describe('budget alerts of projects without alerts', () => {
       await f.server.services.dispatcher.tick();
     }
     assert.equal(sent.length, 2, 'the deferred evaluation did not run at the end of the second');
-    const body = JSON.parse(sent[1]!) as { alertName: string; threshold: number };
+    const body = JSON.parse(sent[1]!.body) as { alertName: string; threshold: number };
     assert.equal(body.alertName, 'late');
     assert.equal(body.threshold, 100);
   });

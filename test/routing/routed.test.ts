@@ -296,6 +296,26 @@ describe('service_tier admission and the wait queue', () => {
     return { done };
   }
 
+  /** The wait queue's depth, and that plus the one worker's load (what `start` waits on). */
+  function probes(setupT: Setup): { waiting: () => number; settled: () => number } {
+    const pool = setupT.s.services.pool;
+    const waiting = () => pool.queueDepths().reduce((n, q) => n + q.depth, 0);
+    return { waiting, settled: () => pool.load('w-0') + waiting() };
+  }
+
+  /** One worker taking one request at a time (10 s to a first token) behind the wait queue. */
+  function saturated(depth: number, timeoutMs: number): Promise<Setup> {
+    return setup(
+      {
+        SWITCHYARD_WORKER_MAX_INFLIGHT: '1',
+        SWITCHYARD_ROUTER_QUEUE_DEPTH: String(depth),
+        SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS: String(timeoutMs),
+      },
+      [{ ttftMs: 10_000, prefillMsPerToken: 0 }],
+      true,
+    );
+  }
+
   it('flex stops at 85 % of the in-flight limit; default and priority go on', async () => {
     t = await setup(
       { SWITCHYARD_WORKER_MAX_INFLIGHT: '10', SWITCHYARD_ROUTER_QUEUE_DEPTH: '0' },
@@ -327,18 +347,8 @@ describe('service_tier admission and the wait queue', () => {
   });
 
   it('saturated: requests wait, and are served priority first, then default, then flex', async () => {
-    t = await setup(
-      {
-        SWITCHYARD_WORKER_MAX_INFLIGHT: '1',
-        SWITCHYARD_ROUTER_QUEUE_DEPTH: '3',
-        SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS: '60000',
-      },
-      [{ ttftMs: 10_000, prefillMsPerToken: 0 }],
-      true,
-    );
-    const pool = t.s.services.pool;
-    const waiting = () => pool.queueDepths().reduce((n, q) => n + q.depth, 0);
-    const settled = () => pool.load('w-0') + waiting();
+    t = await saturated(3, 60_000);
+    const { waiting, settled } = probes(t);
     const order: string[] = [];
     const a = await start(t, undefined, order, 'first', settled);
     const b = await start(t, 'flex', order, 'flex', settled);
@@ -360,18 +370,8 @@ describe('service_tier admission and the wait queue', () => {
 
   it('a request that waits past SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS gets 429 with Retry-After', async () => {
     await teardown(t);
-    t = await setup(
-      {
-        SWITCHYARD_WORKER_MAX_INFLIGHT: '1',
-        SWITCHYARD_ROUTER_QUEUE_DEPTH: '4',
-        SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS: '3000',
-      },
-      [{ ttftMs: 10_000, prefillMsPerToken: 0 }],
-      true,
-    );
-    const pool = t.s.services.pool;
-    const waiting = () => pool.queueDepths().reduce((n, q) => n + q.depth, 0);
-    const settled = () => pool.load('w-0') + waiting();
+    t = await saturated(4, 3_000);
+    const { waiting, settled } = probes(t);
     const order: string[] = [];
     const a = await start(t, undefined, order, 'holder', settled);
     const w = await start(t, undefined, order, 'waiter', settled);
@@ -389,8 +389,7 @@ describe('service_tier admission and the wait queue', () => {
   it('a client that leaves while queued gives up its place', async () => {
     assert.ok(t);
     const pool = t.s.services.pool;
-    const waiting = () => pool.queueDepths().reduce((n, q) => n + q.depth, 0);
-    const settled = () => pool.load('w-0') + waiting();
+    const { waiting, settled } = probes(t);
     const order: string[] = [];
     const holder = await start(t, undefined, order, 'holder', settled);
     const ac = new AbortController();
