@@ -627,16 +627,23 @@ export class ChatCompletions {
                 break;
               }
               const out = acc.accept(payload, now);
+              let first = false;
               if (!generating && acc.firstTokenSeen) {
                 generating = true;
+                first = true;
                 deadline.started();
                 this.d.pool.firstToken(run.lease);
                 commit();
                 for (const h of held.splice(0)) raw.write(h);
               }
-              if (out === null) continue;
-              if (!committed) held.push(sseData(out));
-              else if (!write(raw, sseData(out))) await drained(raw, abort.signal);
+              if (out !== null) {
+                if (!committed) held.push(sseData(out));
+                else if (!write(raw, sseData(out))) await drained(raw, abort.signal);
+              }
+              // Node corks the socket until the end of the tick, so the first token
+              // would otherwise wait for the rest of this read to be reframed (a
+              // worker that sends a burst, or several tokens per read).
+              if (first) raw.uncork();
             }
             if (upstreamError !== null) break;
           }
