@@ -22,6 +22,9 @@
  *   --profile-rate=N
  *               with --profile: drive the router with the open-loop client at N
  *               req/s instead of wrk (where the time goes below saturation)
+ *   --no-floor  skip the floor: a pass-through Node proxy with no logic (lib/floor-proxy.mjs),
+ *               pinned to CPU 0 like the router, which otherwise runs every phase too,
+ *               to show what the extra HTTP hop alone costs on this machine that day
  *   --router-node-args="..."
  *               extra Node/V8 flags for the router only (e.g.
  *               "--max-semi-space-size=2" to compare memory and tail latency)
@@ -88,6 +91,7 @@ const { values: opts } = parseArgs({
     'profile-rate': { type: 'string' },
     'router-node-args': { type: 'string', default: '' },
     peer: { type: 'boolean', default: true },
+    floor: { type: 'boolean', default: true },
   },
   strict: true,
   allowNegative: true,
@@ -244,6 +248,7 @@ const pct = (v) => `${Math.round(v * 100)}%`;
 async function settle(env) {
   await waitIdle(env.router.pid, ROUTER_CPU);
   if (env.peer) await waitIdle(env.peer.pid, ROUTER_CPU);
+  if (env.floor) await waitIdle(env.floor.pid, ROUTER_CPU);
   await waitIdle(env.sim.pid, LOAD_CPU);
 }
 
@@ -427,7 +432,28 @@ async function start(dataDir, nodeArgs, databaseUrl) {
     };
     await sanityCheck(peered);
   }
-  return { dataDir, sim, router, peer, direct, routed, peered };
+  let floor = null;
+  let floored = null;
+  if (opts.floor && !opts.profile) {
+    floor = await startService({
+      name: 'floor proxy',
+      cpu: ROUTER_CPU,
+      cmd: process.execPath,
+      args: [join(ROOT, 'bench', 'lib', 'floor-proxy.mjs'), sim.url],
+      env: process.env,
+      ready: /floor proxy listening on (http:\/\/127\.0\.0\.1:\d+)/,
+    });
+    floored = {
+      name: 'floor',
+      process: 'floor proxy',
+      pid: floor.pid,
+      cpu: ROUTER_CPU,
+      url: `${floor.match[1]}/v1/chat/completions`,
+      headers: { 'content-type': 'application/json' },
+    };
+    await sanityCheck(floored);
+  }
+  return { dataDir, sim, router, peer, direct, routed, peered, floor, floored };
 }
 
 function stamp() {
@@ -463,6 +489,7 @@ async function benchmark(host) {
         },
         ttfb: { requests: P.ttfbRequests, warmup: P.ttfbWarmup },
         peer: env.peered ? PEER_NAME : null,
+        floor: env.floored ? 'bench/lib/floor-proxy.mjs (node:http + undici Pool, no logic)' : null,
         storage:
           opts.storage === 'postgres'
             ? `PostgreSQL (throwaway database; server processes ${env.database.pinned ? `pinned to CPU ${LOAD_CPU}` : 'not pinned'})`
@@ -475,6 +502,9 @@ async function benchmark(host) {
       router: await settle(env).then(() => throughput(env.routed)),
     };
     if (env.peered) results.throughput.peer = await settle(env).then(() => throughput(env.peered));
+    if (env.floored) {
+      results.throughput.floor = await settle(env).then(() => throughput(env.floored));
+    }
 
     results.fixedRate = [];
     for (const rate of P.rates) {
@@ -492,6 +522,13 @@ async function benchmark(host) {
         entry.peerAdded = {};
         for (const p of ['p50', 'p90', 'p99', 'max'])
           entry.peerAdded[p] = diff(entry.peer.latencyMs[p], direct.latencyMs[p]);
+      }
+      if (env.floored) {
+        await settle(env);
+        entry.floor = await fixedRate(env.floored, rate);
+        entry.floorAdded = {};
+        for (const p of ['p50', 'p90', 'p99', 'max'])
+          entry.floorAdded[p] = diff(entry.floor.latencyMs[p], direct.latencyMs[p]);
       }
       results.fixedRate.push(entry);
     }
@@ -519,8 +556,19 @@ async function benchmark(host) {
       };
     }
 
+    if (env.floored) {
+      await settle(env);
+      const tf = await ttfb(env.floored);
+      results.ttfb.floor = tf;
+      results.ttfb.floorAdded = {
+        p50: diff(tf.firstByteMs.p50, td.firstByteMs.p50),
+        p99: diff(tf.firstByteMs.p99, td.firstByteMs.p99),
+      };
+    }
+
     results.rss = { router: memoryOf(env.router.pid), sim: memoryOf(env.sim.pid) };
     if (env.peer) results.rss.peer = memoryOf(env.peer.pid);
+    if (env.floor) results.rss.floor = memoryOf(env.floor.pid);
     results.loadAverageAtEnd = os.loadavg().map((v) => Math.round(v * 100) / 100);
     results.targets = targets(results);
     results.elapsedS = Math.round((Date.now() - started) / 1000);

@@ -64,6 +64,7 @@ export function markdownReport(r) {
     `| RSS after the run (peak) | sim ${f(r.rss.sim.rssMiB, 1)} MiB (${f(r.rss.sim.peakRssMiB, 1)}) | router ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
   );
   if (r.throughput.peer) peerTable(r, out);
+  if (r.throughput.floor) floorTable(r, out);
   out.push('');
   out.push('| Target | Source | Measured | Status |');
   out.push('| --- | --- | --- | --- |');
@@ -120,6 +121,54 @@ function peerTable(r, out) {
   if (r.rss.peer) {
     out.push(
       `| RSS after the run (peak) | ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | ${f(r.rss.peer.rssMiB, 1)} MiB (${f(r.rss.peer.peakRssMiB, 1)}) | |`,
+    );
+  }
+}
+
+/**
+ * The router beside the floor (a pass-through Node proxy with no logic, same CPU):
+ * the floor's figures are what the extra hop costs on this machine; the last column
+ * is what Switchyard's own work adds on top of that.
+ */
+function floorTable(r, out) {
+  const t = r.throughput;
+  const minus = (a, b) =>
+    a === null || a === undefined || b === null || b === undefined ? null : a - b;
+  out.push('');
+  out.push(
+    `Floor: ${r.config.floor}, same sim worker, same pinning (CPU ${r.config.routerCpu}). Its added latency is what the extra HTTP hop alone costs on this machine during this run.`,
+  );
+  out.push('');
+  out.push('| Measure | Floor proxy | Switchyard | Switchyard above the floor |');
+  out.push('| --- | ---: | ---: | ---: |');
+  out.push(
+    `| Max throughput, non-streaming (wrk) | ${int(t.floor.requestsPerSec)} req/s | ${int(t.router.requestsPerSec)} req/s | |`,
+  );
+  out.push(
+    `| CPU per request at max throughput | ${int(t.floor.cpu.cpuUsPerRequest)} µs | ${int(t.router.cpu.cpuUsPerRequest)} µs | +${int(minus(t.router.cpu.cpuUsPerRequest, t.floor.cpu.cpuUsPerRequest))} µs |`,
+  );
+  for (const fr of r.fixedRate) {
+    if (!fr.floor) continue;
+    for (const p of ['p50', 'p99']) {
+      out.push(
+        `| ${int(fr.rate)} req/s: added ${p} latency (ms) | ${signed(fr.floorAdded[p])} | ${signed(fr.added[p])} | ${signed(minus(fr.added[p], fr.floorAdded[p]))} |`,
+      );
+    }
+    out.push(
+      `| ${int(fr.rate)} req/s: CPU per request | ${int(fr.floor.cpu.cpuUsPerRequest)} µs | ${int(fr.router.cpu.cpuUsPerRequest)} µs | |`,
+    );
+  }
+  const s = r.ttfb;
+  if (s.floor) {
+    for (const p of ['p50', 'p99']) {
+      out.push(
+        `| Stream TTFB added ${p} (ms) | ${signed(s.floorAdded[p])} | ${signed(s.added[p])} | ${signed(minus(s.added[p], s.floorAdded[p]))} |`,
+      );
+    }
+  }
+  if (r.rss.floor) {
+    out.push(
+      `| RSS after the run (peak) | ${f(r.rss.floor.rssMiB, 1)} MiB (${f(r.rss.floor.peakRssMiB, 1)}) | ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
     );
   }
 }
