@@ -605,6 +605,10 @@ export class ChatCompletions {
           for await (const chunk of res.body) {
             deadline.touch();
             const now = clock.now();
+            // The events of one read leave in one write: each `raw.write` costs a
+            // chunked-encoding frame and a pass through the socket's buffering, and a
+            // worker often sends several events per read.
+            let batch = '';
             for (const ev of parser.feed(chunk as Uint8Array)) {
               if (isDone(ev)) {
                 done = true;
@@ -627,24 +631,24 @@ export class ChatCompletions {
                 break;
               }
               const out = acc.accept(payload, now);
-              let first = false;
               if (!generating && acc.firstTokenSeen) {
                 generating = true;
-                first = true;
                 deadline.started();
                 this.d.pool.firstToken(run.lease);
                 commit();
-                for (const h of held.splice(0)) raw.write(h);
+                let first = held.splice(0).join('');
+                if (out !== null) first += sseData(out);
+                raw.write(first);
+                // Node corks the socket until the end of the tick: uncorked here, the
+                // first token leaves now instead of after the rest of the read.
+                raw.uncork();
+                continue;
               }
-              if (out !== null) {
-                if (!committed) held.push(sseData(out));
-                else if (!write(raw, sseData(out))) await drained(raw, abort.signal);
-              }
-              // Node corks the socket until the end of the tick, so the first token
-              // would otherwise wait for the rest of this read to be reframed (a
-              // worker that sends a burst, or several tokens per read).
-              if (first) raw.uncork();
+              if (out === null) continue;
+              if (!committed) held.push(sseData(out));
+              else batch += sseData(out);
             }
+            if (batch !== '' && !write(raw, batch)) await drained(raw, abort.signal);
             if (upstreamError !== null) break;
           }
         } catch (err) {
