@@ -19,6 +19,8 @@
  *   256 blocks matched) × 3, highest wins, ties by rotation;
  * - switchyard: the real `WorkerScorer` and `PrefixIndex` from src/routing; and the same
  *   without the index's `observe` correction ("no loop"), to show what the loop does.
+ *   With a `PriorityRule` (run.ts --priority, an experiment) both also attach a vLLM
+ *   `priority` to each request; the baselines never do.
  */
 import { PrefixIndex } from '../../src/routing/prefix-index.js';
 import { WorkerScorer, type Route, type ScoreConstants } from '../../src/routing/score.js';
@@ -51,6 +53,8 @@ export interface Attempt {
   /** The policy's predicted cached tokens, when it has one (trace only). */
   predictedCachedTokens?: number;
   predictedTtftMs?: number;
+  /** vLLM's request `priority` (lower runs first), when the policy sets one. */
+  priority?: number;
   firstToken?(): void;
   finish?(o: Outcome): void;
   fail?(): void;
@@ -178,16 +182,62 @@ export class LlmdDefault implements Policy {
   }
 }
 
+/**
+ * Experiment (run.ts --priority): the vLLM `priority` Switchyard attaches to a request,
+ * from what the router knows at dispatch, not from the worker's cache: e = the chosen
+ * worker's learned ms per token × the work the scorer booked for the request there
+ * (prompt − the prefix index's predicted cached tokens + τ). Then
+ *   eft: round(arrival + k·e)   earliest estimated finish; the arrival term ages a long
+ *                                prompt, so it cannot starve behind a stream of short ones;
+ *   sjf: round(k·e)             shortest estimated prefill first, no aging;
+ *   lst: round(arrival + d − k·e)  least slack first: the latest time the prefill can start
+ *                                and still finish d ms after arrival, where d is the
+ *                                request's X-SLO-TTFT-Ms, else `deadlineMs` (0: none, so
+ *                                no SLO acts); k = 0 is earliest deadline first. Long
+ *                                prompts go earlier (most of the worst TTFTs are cold
+ *                                prompts; on `tenants` the warm ones then queue longer
+ *                                and p99 rises, so this is a measured dead end);
+ * and service_tier moves the request by `tierMs`: `priority` −tierMs, `flex` +tierMs.
+ *
+ * `follow`: the index counts a prompt's blocks as cached on a worker from its dispatch,
+ * but the engine has them only once that request's prefill ran. A request whose
+ * predicted hit includes blocks another request of this router is still to prefill
+ * there (no first token yet) would, sorted by its small estimate, run first and pay
+ * the cold prefill itself. With `follow` it takes max(own priority, that request's),
+ * so it runs after the prefill that makes its hit real. The router knows this from
+ * its own in-flight requests, not from the worker.
+ */
+export interface PriorityRule {
+  order: 'eft' | 'sjf' | 'lst';
+  k: number;
+  tierMs: number;
+  follow: boolean;
+  /** `lst`: d for requests without an X-SLO-TTFT-Ms header; 0 uses no SLO at all. */
+  deadlineMs: number;
+}
+
+/** A request without a first token whose blocks beyond its predicted hit are not computed yet. */
+interface PendingPrefill {
+  priority: number;
+}
+
 export class Switchyard implements Policy {
   readonly name: string;
   readonly scorer: WorkerScorer;
   private readonly sized = new Set<string>();
+  /** `follow`: per worker, block hash → requests still to compute that block there. */
+  private readonly pending = new Map<string, Map<number, Set<PendingPrefill>>>();
 
   /**
    * `correct: false` runs the same score without the cached_tokens feedback loop;
-   * `constants` overrides score constants (the bench's `--constants` option).
+   * `constants` overrides score constants (the bench's `--constants` option);
+   * `priority` attaches a vLLM priority to each request (the bench's `--priority`).
    */
-  constructor(correct = true, constants?: Partial<ScoreConstants>) {
+  constructor(
+    correct = true,
+    constants?: Partial<ScoreConstants>,
+    private readonly priority?: PriorityRule,
+  ) {
     this.name = correct ? 'switchyard' : 'switchyard, no loop';
     this.scorer = new WorkerScorer({
       index: new PrefixIndex({ blockChars: 64, correct }),
@@ -223,14 +273,82 @@ export class Switchyard implements Policy {
     if (!choice.ok) return null;
     const route: Route = choice.route;
     const scorer = this.scorer;
+    const priority = this.priority ? this.priorityOf(req, route, this.priority) : undefined;
+    const computed = priority !== undefined ? this.markPending(route, priority) : () => {};
     return {
       workerId: route.workerId,
       predictedCachedTokens: route.predictedCachedTokens,
       predictedTtftMs: route.predictedTtftMs,
-      firstToken: () => scorer.firstToken(route, { nowMs: view.now }),
-      finish: (o) => scorer.finish(route, o),
-      fail: () => scorer.fail(route, { nowMs: view.now }),
+      ...(priority !== undefined ? { priority } : {}),
+      firstToken: () => {
+        computed();
+        scorer.firstToken(route, { nowMs: view.now });
+      },
+      finish: (o) => {
+        computed();
+        scorer.finish(route, o);
+      },
+      fail: () => {
+        computed();
+        scorer.fail(route, { nowMs: view.now });
+      },
     };
+  }
+
+  /**
+   * `follow`: records the blocks this request will compute on its worker (those past
+   * its predicted hit, `route.prompt.stamps.length`); returns the call that clears them.
+   */
+  private markPending(route: Route, priority: number): () => void {
+    if (!this.priority?.follow) return () => {};
+    const byHash = this.pending.get(route.workerId) ?? new Map<number, Set<PendingPrefill>>();
+    this.pending.set(route.workerId, byHash);
+    const rec: PendingPrefill = { priority };
+    const mine = route.prompt.blocks.hashes.slice(route.prompt.stamps.length);
+    for (const h of mine) {
+      const set = byHash.get(h) ?? new Set<PendingPrefill>();
+      set.add(rec);
+      byHash.set(h, set);
+    }
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      for (const h of mine) {
+        const set = byHash.get(h);
+        set?.delete(rec);
+        if (set?.size === 0) byHash.delete(h);
+      }
+    };
+  }
+
+  /** See `PriorityRule`. Arrival is the router's (a failover keeps its original age). */
+  private priorityOf(req: TraceRequest, route: Route, rule: PriorityRule): number {
+    const learned = this.scorer.snapshot();
+    const known = learned.flatMap((s) => (s.msPerToken === undefined ? [] : [s.msPerToken]));
+    const m =
+      learned.find((s) => s.workerId === route.workerId)?.msPerToken ??
+      (known.length ? known.reduce((a, b) => a + b, 0) / known.length : undefined) ??
+      this.scorer.constants.priorMsPerToken;
+    const tier = req.tier === 'priority' ? -rule.tierMs : req.tier === 'flex' ? rule.tierMs : 0;
+    const e = m * route.workTokens;
+    let own: number;
+    if (rule.order === 'lst') {
+      const d = rule.deadlineMs > 0 ? (req.slo.ttftMs ?? rule.deadlineMs) : 0;
+      own = Math.round(req.at + d - rule.k * e + tier);
+    } else {
+      own = Math.round((rule.order === 'eft' ? req.at : 0) + rule.k * e + tier);
+    }
+    if (!rule.follow) return own;
+    // The earliest of the requests still to compute a block of this prompt's hit.
+    const byHash = this.pending.get(route.workerId);
+    let provider = -Infinity;
+    for (const h of route.prompt.blocks.hashes.slice(0, route.prompt.stamps.length)) {
+      for (const p of byHash?.get(h) ?? []) {
+        provider = provider === -Infinity ? p.priority : Math.min(provider, p.priority);
+      }
+    }
+    return Math.max(own, provider);
   }
 }
 
@@ -262,13 +380,16 @@ export class Oracle implements Policy {
   }
 }
 
-export function allPolicies(constants?: Partial<ScoreConstants>): Policy[] {
+export function allPolicies(
+  constants?: Partial<ScoreConstants>,
+  priority?: PriorityRule,
+): Policy[] {
   return [
     new RoundRobin(),
     new LeastQueue(),
     new SglangCacheAware(),
     new LlmdDefault(),
-    new Switchyard(false, constants),
-    new Switchyard(true, constants),
+    new Switchyard(false, constants, priority),
+    new Switchyard(true, constants, priority),
   ];
 }

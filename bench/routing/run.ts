@@ -20,6 +20,16 @@
  *     worker has fewer than G without a first token; one queue served shortest prefill
  *     first (or `fifo`), or with `local` the worker chosen on arrival and each worker's
  *     router queue served shortest first. Not in the live router (docs/BENCHMARKS.md).
+ *   --priority=RULE[,tier:X][,follow][,deadline:D]  experiment: every simulated worker
+ *     orders its queues as vLLM's `--scheduling-policy priority` does (sim.ts), and
+ *     Switchyard sends a priority per request (policies.ts, `PriorityRule`). RULE is
+ *     `eft` (arrival + the estimated own prefill), `eft:K` (arrival + K × it), `sjf` (the
+ *     estimate alone), `lst[:K]` (arrival − K × it, least slack first; `deadline:D` adds
+ *     the request's X-SLO-TTFT-Ms, or D ms without one; `lst:0` is deadline first), or
+ *     `none` (ordered queues, no priority sent: prints the same as no flag). `tier:X`:
+ *     service_tier `priority` sorts X ms earlier, `flex` X ms later; `follow`: a request
+ *     whose predicted hit another request still has to prefill sorts no earlier than
+ *     that one. The baselines send no priority: their rows are the same with or without.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -31,6 +41,7 @@ import {
   Switchyard,
   type Attempt,
   type Policy,
+  type PriorityRule,
   type RouterView,
 } from './policies.js';
 import { EventQueue, SimWorker, type Job, type WorkerMetrics, type WorkerSpec } from './sim.js';
@@ -113,11 +124,44 @@ let GATE_FIFO = false;
 /** `local`: the worker is chosen on arrival; each worker's router queue is ordered. */
 let GATE_LOCAL = false;
 
+/** --priority: workers order their queues by vLLM priority; Switchyard's rule, if any. */
+let PRIORITY_ORDER = false;
+let PRIORITY_RULE: PriorityRule | undefined;
+
+/**
+ * Parses `eft`, `eft:K`, `sjf`, `sjf:K`, `lst`, `lst:K` or `none`, then optionally
+ * `,tier:X`, `,follow`, `,deadline:D`.
+ */
+function parsePriority(spec: string): PriorityRule | undefined {
+  const [rule = '', ...rest] = spec.split(',').map((x) => x.trim());
+  const [order, k] = rule.split(':');
+  let tierMs = 0;
+  let follow = false;
+  let deadlineMs = 0;
+  for (const r of rest) {
+    const [key, v] = r.split(':');
+    if (key === 'follow' && v === undefined) follow = true;
+    else if (key === 'tier' && Number.isFinite(Number(v))) tierMs = Number(v);
+    else if (key === 'deadline' && Number(v) >= 0) deadlineMs = Number(v);
+    else throw new Error(`--priority: ${r}?`);
+  }
+  if (order === 'none') return undefined;
+  if (order !== 'eft' && order !== 'sjf' && order !== 'lst') {
+    throw new Error(`--priority: ${rule}?`);
+  }
+  const weight = k === undefined ? 1 : Number(k);
+  // lst:0 is earliest deadline first (the deadline alone).
+  if (!(weight > 0 || (order === 'lst' && weight === 0))) throw new Error(`--priority: ${rule}?`);
+  return { order, k: weight, tierMs, follow, deadlineMs };
+}
+
 function simulate(w: Workload, policy: Policy, trace = false): RunStats {
   const seenOn = new Map<string, Set<number>>();
   const tenantOf = (req: TraceRequest): number => req.blockKeys[4] ?? req.blockKeys[0] ?? -1;
   const ev = new EventQueue();
-  const workers = new Map(WORKERS.map((s) => [s.id, new SimWorker(s, ev)]));
+  const workers = new Map(
+    WORKERS.map((s) => [s.id, new SimWorker(s, ev, { priorityOrder: PRIORITY_ORDER })]),
+  );
   let alive = WORKERS.map((s) => s.id);
   const inFlight = new Map<string, number>();
   const scraped = new Map<string, WorkerMetrics>();
@@ -275,6 +319,8 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
       cached: 0,
       tail: 0,
       started: false,
+      seq: 0,
+      ...(attempt.priority !== undefined ? { priority: attempt.priority } : {}),
       onFirstToken: (now, c) => {
         ttftMs = now - req.at;
         cached = c;
@@ -359,6 +405,8 @@ function quantile(xs: number[], q: number): number {
 interface Summary {
   ttftP50: number;
   ttftP99: number;
+  /** JSON only (not printed): the mean of the per-seed p99.9, like p99. */
+  ttftP999: number;
   tpotP50: number;
   throughput: number;
   tokensPerS: number;
@@ -380,6 +428,10 @@ function summarize(rs: Result[], run: RunStats, durationMs: number): Summary {
     ttftP99: quantile(
       ok.map((r) => r.ttftMs!),
       0.99,
+    ),
+    ttftP999: quantile(
+      ok.map((r) => r.ttftMs!),
+      0.999,
     ),
     tpotP50: quantile(
       ok.map((r) => r.tpotMs!),
@@ -432,8 +484,14 @@ function main(): void {
       oracle: { type: 'string' },
       // Experiment: a router-side prefill gate for Switchyard (see GATE above).
       gate: { type: 'string' },
+      // Experiment: vLLM priority queues on the workers and Switchyard's rule (see above).
+      priority: { type: 'string' },
     },
   });
+  if (values.priority) {
+    PRIORITY_ORDER = true;
+    PRIORITY_RULE = parsePriority(values.priority);
+  }
   if (values.gate) {
     const [g, order] = values.gate.split(',');
     GATE = Number(g);
@@ -459,7 +517,9 @@ function main(): void {
             .map((x) => new Oracle(Number(x))),
         ];
   const policies = (): Policy[] => [
-    ...allPolicies(constants).filter((p) => !only || only.some((o) => p.name.startsWith(o))),
+    ...allPolicies(constants, PRIORITY_RULE).filter(
+      (p) => !only || only.some((o) => p.name.startsWith(o)),
+    ),
     ...oracles(),
   ];
   const tailOf = values.tail?.split(',').map((s) => s.trim());

@@ -6,8 +6,9 @@
  * - tokenizes with the sim tokenizer and keys full 16-token blocks by hash chain
  *   (`tokenizePrompt`), and keeps them in the sim engine's `PrefixCache` (pinned while
  *   running, LRU when free, freed tail first);
- * - admits a queued request FIFO when a slot is free (`maxRunning`) and its missing
- *   blocks plus its output tail fit in the KV cache (or nothing is running);
+ * - admits a queued request FIFO (by priority with `priorityOrder`, below) when a slot
+ *   is free (`maxRunning`) and its missing blocks plus its output tail fit in the KV
+ *   cache (or nothing is running);
  * - reports `cached_tokens` = matched leading blocks × 16, at most prompt tokens − 1.
  * Where it departs from the sim engine, to be more like a GPU:
  * - prefills run one at a time per worker (compute-bound), so time to first token
@@ -19,6 +20,26 @@
  *   at admission instead of grown per step.
  * `kill` stops a worker: requests without a first token are handed back (the router
  * fails them over), requests already streaming fail.
+ *
+ * With `priorityOrder` (bench/routing/run.ts --priority), the worker models vLLM's
+ * `--scheduling-policy priority`: its waiting queue is ordered by (priority, arrival
+ * here), lower first, a job without a priority counting as 0, so jobs that all lack
+ * one keep arrival order and run exactly as without the option. The order applies to
+ * admission (the head still blocks when its KV does not fit, as in vLLM) and to the
+ * serial prefill queue of admitted jobs: in vLLM a waiting request is scheduled when
+ * the step's token budget reaches it, so the prefill order is the waiting order. A
+ * prefill in progress is never interrupted (vLLM schedules running requests, partial
+ * prefills included, before waiting ones). vLLM's priority preemption (it evicts the
+ * running request with the largest (priority, arrival) when a running request cannot
+ * grow its KV) is not modelled: the output tail is reserved at admission here, so a
+ * running request never runs out of blocks.
+ * Reordering admitted prefills needs one more rule: a prompt's blocks enter the cache
+ * at admission, but only a prefill computes them. In arrival order every block a job
+ * matches at admission is computed before its own prefill starts; out of order it may
+ * not be. So with `priorityOrder` a job's `cached_tokens` is counted when its prefill
+ * starts, over computed blocks only: if a later job with the same prefix sorts first,
+ * it pays the cold prefill and the earlier one then hits (as in vLLM, where a waiting
+ * request's prefix match is taken when it is scheduled).
  */
 import { PrefixCache } from '../../src/workers/sim/prefix-cache.js';
 
@@ -88,10 +109,14 @@ export interface Job {
   outTokens: number;
   onFirstToken(now: number, cachedTokens: number): void;
   onFinish(now: number, tpotMs: number): void;
+  /** vLLM's request `priority` (lower runs first); absent = 0. Read with `priorityOrder`. */
+  priority?: number;
   // Worker-side state.
   cached: number;
   tail: number;
   started: boolean;
+  /** Arrival order on the worker: ties of priority go to the earlier job. */
+  seq: number;
   /** Trace (bench/routing/run.ts --tail): when the job was admitted and its prefill began. */
   admittedAt?: number;
   prefillAt?: number;
@@ -101,6 +126,11 @@ export interface WorkerMetrics {
   waiting: number;
   running: number;
   kvCacheUsage: number;
+}
+
+export interface SimWorkerOptions {
+  /** Order waiting and prefill queues by (priority, arrival) instead of arrival. */
+  priorityOrder?: boolean;
 }
 
 export class SimWorker {
@@ -113,12 +143,16 @@ export class SimWorker {
   private readonly prefill: Job[] = [];
   private prefilling = false;
   private prefillEnd = 0;
+  private seq = 0;
+  /** With `priorityOrder`: keys of admitted jobs' blocks that no prefill has computed yet. */
+  private readonly uncomputed = new Set<number>();
   promptTokens = 0;
   cachedTokens = 0;
 
   constructor(
     readonly spec: WorkerSpec,
     private readonly ev: EventQueue,
+    private readonly options: SimWorkerOptions = {},
   ) {
     this.capacity = Math.floor(spec.kvCacheTokens / spec.blockSize);
   }
@@ -127,8 +161,29 @@ export class SimWorker {
     job.cached = 0;
     job.tail = 0;
     job.started = false;
-    this.queue.push(job);
+    job.seq = this.seq++;
+    this.enqueue(this.queue, job);
     this.drain();
+  }
+
+  /** Appends in arrival order, or inserts by (priority, arrival) with `priorityOrder`. */
+  private enqueue(list: Job[], job: Job): void {
+    if (!this.options.priorityOrder) {
+      list.push(job);
+      return;
+    }
+    const p = job.priority ?? 0;
+    // After every job that sorts before or with it: binary search on (priority, seq).
+    let lo = 0;
+    let hi = list.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      const m = list[mid]!;
+      const mp = m.priority ?? 0;
+      if (mp < p || (mp === p && m.seq < job.seq)) lo = mid + 1;
+      else hi = mid;
+    }
+    list.splice(lo, 0, job);
   }
 
   /** Leading prompt blocks in the worker's cache (trace only; the router cannot see it). */
@@ -138,7 +193,8 @@ export class SimWorker {
 
   /**
    * Trace only: the TTFT a job submitted now would get if nothing else arrived (the
-   * current prefill's remainder, the queued prefills, its own), ignoring KV admission.
+   * current prefill's remainder, the queued prefills, its own), ignoring KV admission
+   * and priorities (with `priorityOrder`, an upper bound for a job that sorts first).
    */
   wouldTake(promptTokens: number, blockKeys: readonly number[]): number {
     if (!this.alive) return Infinity;
@@ -179,6 +235,7 @@ export class SimWorker {
     this.queue.length = 0;
     this.running.clear();
     this.prefill.length = 0;
+    this.uncomputed.clear();
     return { notStarted, streaming };
   }
 
@@ -205,12 +262,15 @@ export class SimWorker {
     const limit = Math.floor((job.promptTokens - 1) / bs);
     job.cached = this.cache.match(job.blockKeys, limit) * bs;
     job.admittedAt = this.ev.now;
+    if (this.options.priorityOrder) {
+      for (const k of job.blockKeys) if (!this.cache.has(k)) this.uncomputed.add(k);
+    }
     this.cache.acquire(job.blockKeys);
     this.running.add(job);
     job.tail = this.tailFor(job);
     this.tailBlocks += job.tail;
     this.cache.evictTo(Math.max(0, this.capacity - this.tailBlocks));
-    this.prefill.push(job);
+    this.enqueue(this.prefill, job);
     this.pump();
   }
 
@@ -218,6 +278,14 @@ export class SimWorker {
     if (this.prefilling || this.prefill.length === 0) return;
     const job = this.prefill.shift()!;
     const s = this.spec;
+    if (this.options.priorityOrder) {
+      const limit = Math.floor((job.promptTokens - 1) / s.blockSize);
+      let n = 0;
+      while (n < limit && !this.uncomputed.has(job.blockKeys[n]!)) n++;
+      job.cached = n * s.blockSize;
+      // This prefill computes the rest; the next one starts after it ends.
+      for (const k of job.blockKeys) this.uncomputed.delete(k);
+    }
     const ms = (s.ttftMs + (job.promptTokens - job.cached) * s.prefillMsPerToken) * s.slowdown;
     this.prefilling = true;
     this.prefillEnd = this.ev.now + ms;
