@@ -1,6 +1,7 @@
 // Tests of the benchmark's pure helpers: node --test bench/
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { fetch } from 'undici';
 import { summarizeProfile } from './profile.mjs';
 import { diff, percentile, summarize } from './stats.mjs';
 import { parseWrk } from './wrk.mjs';
@@ -64,4 +65,57 @@ test('summarizeProfile splits self time by function and charges wasm to its call
   assert.equal(s.selfByArea[0].name, 'npm:pkg (native/wasm)');
   assert.equal(s.totalByFunction[0].name, 'query  pkg/index.js:10');
   assert.equal(s.totalByFunction[0].pctOfBusy, 100);
+});
+
+test('the floor proxy passes bodies and streams through unchanged', async (t) => {
+  const { createServer } = await import('node:http');
+  const { spawn } = await import('node:child_process');
+  const { fileURLToPath } = await import('node:url');
+  const seen = [];
+  const upstream = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ url: req.url, body });
+      if (JSON.parse(body).stream) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write('data: {"a":1}\n\n');
+        setTimeout(() => res.end('data: [DONE]\n\n'), 10);
+      } else {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end('{"ok":true}');
+      }
+    });
+  });
+  await new Promise((r) => upstream.listen(0, '127.0.0.1', r));
+  t.after(() => upstream.close());
+  const proxy = spawn(process.execPath, [
+    fileURLToPath(new URL('./floor-proxy.mjs', import.meta.url)),
+    `http://127.0.0.1:${upstream.address().port}/v1`,
+  ]);
+  t.after(() => proxy.kill());
+  const base = await new Promise((resolve, reject) => {
+    proxy.once('exit', (code) => reject(new Error(`floor proxy exited (${code})`)));
+    proxy.stdout.on('data', (d) => {
+      const m = /listening on (\S+)/.exec(String(d));
+      if (m) resolve(m[1]);
+    });
+  });
+  const post = (body) =>
+    fetch(`${base}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+  const plain = await post({ stream: false });
+  assert.equal(plain.status, 200);
+  assert.deepEqual(await plain.json(), { ok: true });
+  const streamed = await post({ stream: true });
+  assert.equal(streamed.headers.get('content-type'), 'text/event-stream');
+  assert.equal(await streamed.text(), 'data: {"a":1}\n\ndata: [DONE]\n\n');
+  assert.deepEqual(
+    seen.map((s) => s.url),
+    ['/v1/chat/completions', '/v1/chat/completions'],
+  );
+  assert.equal(seen[1].body, '{"stream":true}');
 });
