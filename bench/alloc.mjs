@@ -8,7 +8,10 @@
  * `npm run bench:gc`, which counts the scavenges that this garbage causes.
  *
  *   node bench/alloc.mjs [--rate=500] [--seconds=6] [--stream] [--storage=postgres|pglite]
- *     [--top=30]
+ *     [--top=30] [--survivors]
+ *
+ * `--survivors` leaves out what young-generation GCs collect: what remains outlived a
+ * scavenge (or was still alive at the end), the bytes each scavenge has to copy.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
@@ -25,6 +28,7 @@ const { values: opts } = parseArgs({
     rate: { type: 'string', default: '500' },
     seconds: { type: 'string', default: '6' },
     stream: { type: 'boolean', default: false },
+    survivors: { type: 'boolean', default: false },
     storage: { type: 'string', default: 'postgres' },
     top: { type: 'string', default: '30' },
   },
@@ -37,7 +41,10 @@ const stack = await startStack({
   name: 'alloc',
   storage: opts.storage,
   routerNodeArgs: [`--import=${sampler}`],
-  routerEnv: { SWITCHYARD_ALLOC_PROFILE: file },
+  routerEnv: {
+    SWITCHYARD_ALLOC_PROFILE: file,
+    SWITCHYARD_ALLOC_SURVIVORS: opts.survivors ? '1' : '0',
+  },
 });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 try {
@@ -81,7 +88,7 @@ try {
       .join('\n');
   console.log(
     `${n} ${opts.stream ? 'streamed' : 'non-streaming'} requests at ${opts.rate} req/s, errors ${r.errors}: ` +
-      `${(total / 1024 / n).toFixed(1)} KB allocated per request (sampled)\n`,
+      `${(total / 1024 / n).toFixed(1)} KB ${opts.survivors ? 'outliving a scavenge' : 'allocated'} per request (sampled)\n`,
   );
   console.log(`| KB/request | allocating function |\n| ---: | --- |\n${rows(bySelf)}\n`);
   console.log(`| KB/request | innermost Switchyard function |\n| ---: | --- |\n${rows(byOurs)}`);

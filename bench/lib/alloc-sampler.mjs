@@ -19,7 +19,10 @@ process.on('SIGUSR2', () => {
     session.post('HeapProfiler.enable', () =>
       session.post('HeapProfiler.startSampling', {
         samplingInterval: 512,
-        includeObjectsCollectedByMinorGC: true,
+        // With SWITCHYARD_ALLOC_SURVIVORS=1 (`bench/alloc.mjs --survivors`): only objects
+        // that outlived a scavenge (copied or promoted), which is what a scavenge's pause
+        // pays for.
+        includeObjectsCollectedByMinorGC: process.env.SWITCHYARD_ALLOC_SURVIVORS !== '1',
         includeObjectsCollectedByMajorGC: true,
       }),
     );
