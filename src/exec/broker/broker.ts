@@ -14,6 +14,7 @@
  * control plane's scheduler decides what an expired lease means. Messages of
  * one peer are handled in order; different peers do not wait for each other.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Context, Router } from 'zeromq';
 import type {
   AgentDirectory,
@@ -72,6 +73,9 @@ interface Session {
 
 const SEND_TIMEOUT_MS = 1_000;
 
+/** How long a closing socket keeps trying to deliver what it holds (the BYEs). */
+const LINGER_MS = 100;
+
 export class Broker implements AgentTransport {
   readonly serverPublicKey: string;
   readonly endpoints: { enroll: string; agents: string };
@@ -117,7 +121,7 @@ export class Broker implements AgentTransport {
       maxMessageSize: MAX_MESSAGE_BYTES,
       mandatory: true,
       sendTimeout: opts.sendTimeoutMs ?? SEND_TIMEOUT_MS,
-      linger: 100,
+      linger: LINGER_MS,
       heartbeatInterval: 10_000,
       heartbeatTimeout: 30_000,
       ipv6: opts.bind.enroll.includes('[') || opts.bind.agents.includes('['),
@@ -198,17 +202,21 @@ export class Broker implements AgentTransport {
     );
     this.sessionsByAgent.clear();
     this.sessionsByRoute.clear();
-    // Unbind first: close() releases the ports asynchronously, and a restarted
-    // broker must be able to bind them again at once.
-    await Promise.allSettled(
-      [this.enrollSocket, this.agentSocket].map((s) =>
-        s.lastEndpoint ? s.unbind(s.lastEndpoint) : Promise.resolve(),
-      ),
-    );
     this.enrollSocket.close();
     this.agentSocket.close();
     await Promise.allSettled(this.loops);
     await Promise.allSettled([...this.chains.values()]);
+    // No unbind() before close(): unbinding a listener while libzmq's I/O threads
+    // still tear down the session of a peer that has just gone (an agent's BYE) made
+    // libzmq 4.3.5 abort the whole process ("Assertion failed: _state == term_ack_sent
+    // || _state == term_req_sent2", pipe.cpp:355; 5-8 % of runs of
+    // test/exec-transport/session.test.ts under CPU load, none in 80 runs without it).
+    // close() returns before the I/O threads have released the ports and ended the
+    // sessions, and each session holds a pipe to the ZAP socket; no event says when
+    // that is done, so the broker waits out the linger before closing the ZAP socket
+    // and resolving, after which a restarted broker can bind the same ports. Real
+    // time, not the clock's: this waits for libzmq's threads.
+    await sleep(LINGER_MS + 50);
     await this.zap.close();
     this.opts.logger.info('exec broker stopped');
   }
