@@ -3,8 +3,18 @@
  * in-memory batch; a timer (or a full batch) writes the batch with one
  * statement that also adds each project's cost to its spend (so credit and
  * usage never disagree). A failed write keeps the records for the next flush
- * (bounded: past `maxBuffered` the oldest are dropped and counted, so a long
- * database outage cannot exhaust memory). `close()` flushes what is left.
+ * (bounded: past `maxBuffered` the oldest batch is dropped and its records
+ * counted, so a long database outage cannot exhaust memory). `close()` flushes
+ * what is left.
+ *
+ * Records are serialised when they are recorded, into buffers outside the V8
+ * heap (`RowBatch`), and the batch travels to the database as those bytes. A
+ * record waits up to the flush interval and then the database's answer; as
+ * objects on the heap (and as the batch's JSON string, which the driver keeps
+ * until the query completes) they were what each young-generation collection
+ * of a busy router mostly copied and then promoted: about half of the bytes
+ * surviving each scavenge at 1,000 requests a second (docs/BENCHMARKS.md). A
+ * scavenge never copies a buffer's bytes.
  */
 import { sql } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
@@ -13,25 +23,9 @@ import type { Logger } from '../runtime/logger.js';
 
 export type UsageRecord = typeof tables.usageRecords.$inferInsert;
 
-/**
- * One statement for the whole batch: the rows travel as a single JSON
- * parameter (an array of arrays), are inserted, and the cost of the rows
- * actually inserted (a retried batch is never billed twice) is added to each
- * project's spend in the same statement, so usage and credit never disagree.
- * Written by hand because this is the router's busiest write: building a
- * multi-row INSERT through the query builder cost more CPU than the database
- * spent storing the rows, and with PGlite every extra round trip (BEGIN, one
- * UPDATE per project, COMMIT) runs on the event loop (profiled at thousands of
- * requests a second). One parameter also avoids the 65,535-parameter limit.
- */
-async function insertBatch(
-  db: Db,
-  batch: UsageRecord[],
-): Promise<{ stored: number; charged: string[] }> {
-  // Arrays, not objects: the key names would be half of the parameter's bytes, and
-  // the parameter stays alive (and is copied by every scavenge) until the database
-  // answers.
-  const rows = batch.map((r) => [
+/** A record as the JSON array `insertBatch` reads by position. */
+function rowJson(r: UsageRecord): string {
+  return JSON.stringify([
     r.requestId,
     r.projectId,
     r.endpointId,
@@ -56,6 +50,62 @@ async function insertBatch(
     r.metadata ?? null,
     (r.createdAt ?? new Date()).toISOString(),
   ]);
+}
+
+const OPEN = 0x5b; // [
+const COMMA = 0x2c;
+const CLOSE = 0x5d; // ]
+
+/**
+ * Up to `batchSize` rows as the UTF-8 text of one JSON array of row arrays,
+ * growing as needed. `bytes()` closes the array (the buffer keeps room for the
+ * `]`); appending after it is not allowed, except to a batch put back after a
+ * failed write, which reopens it.
+ */
+export class RowBatch {
+  private buf: Buffer;
+  private len = 1;
+  rows = 0;
+
+  constructor(capacity = 16 * 1024) {
+    // allocUnsafeSlow: a buffer of its own, not a slice of Node's shared pool
+    // (which would keep the whole 8 KiB pool alive for as long as the batch lives).
+    this.buf = Buffer.allocUnsafeSlow(Math.max(capacity, 64));
+    this.buf[0] = OPEN;
+  }
+
+  append(json: string): void {
+    const need = this.len + 1 + Buffer.byteLength(json) + 1;
+    if (need > this.buf.length) {
+      const next = Buffer.allocUnsafeSlow(Math.max(need, this.buf.length * 2));
+      this.buf.copy(next, 0, 0, this.len);
+      this.buf = next;
+    }
+    if (this.rows > 0) this.buf[this.len++] = COMMA;
+    this.len += this.buf.write(json, this.len);
+    this.rows++;
+  }
+
+  /** The batch as a JSON array (a view of the buffer: valid until the next append). */
+  bytes(): Buffer {
+    this.buf[this.len] = CLOSE;
+    return this.buf.subarray(0, this.len + 1);
+  }
+}
+
+/**
+ * One statement for the whole batch: the rows travel as a single parameter (the
+ * JSON text of an array of arrays, sent as bytes), are inserted, and the cost of
+ * the rows actually inserted (a retried batch is never billed twice) is added to
+ * each project's spend in the same statement, so usage and credit never disagree.
+ * Written by hand because this is the router's busiest write: building a
+ * multi-row INSERT through the query builder cost more CPU than the database
+ * spent storing the rows, and with PGlite every extra round trip (BEGIN, one
+ * UPDATE per project, COMMIT) runs on the event loop (profiled at thousands of
+ * requests a second). One parameter also avoids the 65,535-parameter limit.
+ * Arrays, not objects: the key names would be half of the parameter's bytes.
+ */
+async function insertBatch(db: Db, rows: Buffer): Promise<{ stored: number; charged: string[] }> {
   const result = await db.execute(sql`
     with ins as (
     insert into usage_records (
@@ -70,7 +120,7 @@ async function insertBatch(
       (r->>12)::integer, (r->>13)::integer, (r->>14)::integer, (r->>15)::integer,
       (r->>16)::integer, (r->>17)::integer, (r->>18)::integer, (r->>19)::bigint, r->>20,
       nullif(r->21, 'null'::jsonb), (r->>22)::timestamptz
-    from jsonb_array_elements(${JSON.stringify(rows)}::jsonb) as x(r)
+    from jsonb_array_elements(convert_from(${rows}::bytea, 'UTF8')::jsonb) as x(r)
     on conflict (request_id) do nothing
     returning project_id, cost_microcents),
     charged as (
@@ -95,11 +145,17 @@ export interface UsageRecorderOptions {
 }
 
 export class UsageRecorder {
-  private buffer: UsageRecord[] = [];
+  /** Batches waiting, oldest first; only the last one is appended to. */
+  private queue: RowBatch[] = [];
+  private buffered = 0;
+  /** Records ever accepted, and how many of them have left the queue (written or dropped). */
+  private accepted = 0;
+  private taken = 0;
   /** Size of the batch being written now (0 when none). */
   private writing = 0;
   private timer: NodeJS.Timeout | null = null;
-  private flushing: Promise<void> | null = null;
+  /** The one write in progress; every writer waits for it before taking a batch. */
+  private flushing: Promise<string[] | null> | null = null;
   private readonly interval: number;
   private readonly batchSize: number;
   private readonly maxBuffered: number;
@@ -125,13 +181,24 @@ export class UsageRecorder {
   }
 
   record(r: UsageRecord): void {
-    this.buffer.push(r);
-    if (this.buffer.length > this.maxBuffered) {
-      this.buffer.shift();
-      this.dropped++;
+    let tail = this.queue.at(-1);
+    if (!tail || tail.rows >= this.batchSize) {
+      tail = new RowBatch();
+      this.queue.push(tail);
     }
-    if (this.buffer.length >= this.batchSize) void this.flush();
-    else if (!this.timer) {
+    tail.append(rowJson(r));
+    this.buffered++;
+    this.accepted++;
+    while (this.buffered > this.maxBuffered && this.queue.length > 1) {
+      const oldest = this.queue.shift()!;
+      this.buffered -= oldest.rows;
+      this.taken += oldest.rows;
+      this.dropped += oldest.rows;
+    }
+    if (this.queue.length > 1 || tail.rows >= this.batchSize) {
+      // A write in progress goes on with full batches by itself (see flush).
+      if (!this.flushing) void this.flush();
+    } else if (!this.timer) {
       this.timer = setTimeout(() => {
         this.timer = null;
         void this.flush();
@@ -142,53 +209,74 @@ export class UsageRecorder {
 
   /** Records not yet stored: buffered, plus the batch being written (it may fail and return). */
   get pending(): number {
-    return this.buffer.length + this.writing;
+    return this.buffered + this.writing;
   }
 
-  /** Writes everything buffered so far; concurrent calls share one write. */
+  /**
+   * Writes the records buffered when it is called, one batch at a time, and goes on
+   * while full batches are waiting; resolves when they are stored or a write failed
+   * (the records then stay buffered for a retry). Concurrent calls take turns.
+   *
+   * A loop, not a recursion: an `await this.flush()` at the end of each batch kept
+   * every earlier call suspended, each holding its batch, for as long as records
+   * kept arriving, so under steady load every usage record stayed reachable until the
+   * load stopped.
+   */
   async flush(): Promise<void> {
-    while (this.flushing) await this.flushing;
-    if (this.buffer.length === 0) return;
-    const batch = this.buffer.splice(0, this.batchSize);
-    this.writing = batch.length;
-    let ok = false;
-    let spent = new Set<string>();
-    let stored = 0;
-    this.flushing = insertBatch(this.db, batch)
-      .then((r) => {
-        stored = r.stored;
-        spent = new Set(r.charged);
-      })
-      .then(
-        () => {
-          ok = true;
-          this.written += stored;
-        },
-        (err: unknown) => {
-          this.logger.warn({ err, records: batch.length }, 'usage flush failed; will retry');
-          this.buffer.unshift(...batch);
-          if (!this.timer) {
-            this.timer = setTimeout(() => {
-              this.timer = null;
-              void this.flush();
-            }, this.interval * 4);
-            this.timer.unref();
-          }
-        },
-      )
-      .finally(() => {
+    const target = this.accepted;
+    for (;;) {
+      while (this.flushing) await this.flushing;
+      const head = this.queue[0];
+      if (!head) return;
+      if (this.taken >= target && head.rows < this.batchSize) return;
+      this.flushing = this.writeBatch();
+      let charged: string[] | null;
+      try {
+        charged = await this.flushing;
+      } finally {
         this.flushing = null;
-        this.writing = 0;
-      });
-    await this.flushing;
-    if (ok && spent.size > 0 && this.onSpend) await this.onSpend(spent);
-    if (ok && this.buffer.length > 0) await this.flush();
+      }
+      if (charged === null) return;
+      if (charged.length > 0 && this.onSpend) await this.onSpend(new Set(charged));
+    }
+  }
+
+  /**
+   * The batch at the head of the queue: the projects it charged, or null when the
+   * write failed (the batch is put back at the head).
+   */
+  private async writeBatch(): Promise<string[] | null> {
+    const batch = this.queue.shift()!;
+    this.buffered -= batch.rows;
+    this.taken += batch.rows;
+    this.writing = batch.rows;
+    let result: { stored: number; charged: string[] };
+    try {
+      result = await insertBatch(this.db, batch.bytes());
+    } catch (err) {
+      this.logger.warn({ err, records: batch.rows }, 'usage flush failed; will retry');
+      this.queue.unshift(batch);
+      this.buffered += batch.rows;
+      this.taken -= batch.rows;
+      if (!this.timer) {
+        this.timer = setTimeout(() => {
+          this.timer = null;
+          void this.flush();
+        }, this.interval * 4);
+        this.timer.unref();
+      }
+      return null;
+    } finally {
+      this.writing = 0;
+    }
+    this.written += result.stored;
+    return result.charged;
   }
 
   async close(): Promise<void> {
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     // Retry a few times so a shutdown during a brief outage still persists usage.
-    for (let i = 0; i < 3 && this.buffer.length > 0; i++) await this.flush();
+    for (let i = 0; i < 3 && this.buffered > 0; i++) await this.flush();
   }
 }

@@ -1,12 +1,16 @@
 /**
  * The usage recorder on every storage driver: one batched INSERT, spend added
  * in the same transaction, a retried batch never billed twice, a failed write
- * kept for the next flush.
+ * kept for the next flush; rows with multi-byte text and rows larger than a batch
+ * buffer's first allocation. Then, on a fake database: flush() returns once the
+ * records it was called for are written while new ones keep arriving, and a long
+ * outage drops the oldest batches instead of growing without bound.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { eq } from 'drizzle-orm';
-import { UsageRecorder } from '../../src/billing/usage-recorder.js';
+import { RowBatch, UsageRecorder } from '../../src/billing/usage-recorder.js';
+import type { Db } from '../../src/store/index.js';
 import { createLogger } from '../../src/runtime/logger.js';
 import { tables } from '../../src/store/index.js';
 import { drivers, freshDatabase } from '../support/harness.js';
@@ -54,6 +58,20 @@ for (const driver of drivers()) {
         assert.equal(p!.spentMicrocents, 50);
         assert.equal(u.written, 5);
 
+        // Multi-byte text and rows that outgrow a batch buffer's first 16 KiB travel intact.
+        const big = Object.fromEntries(
+          Array.from({ length: 16 }, (_, k) => [`key-${k}-ü`, `${'é✓🚀'.repeat(100)}${k}`]),
+        );
+        for (let i = 10; i < 14; i++) u.record({ ...rec(i), user: 'ålice 🚀', metadata: big });
+        await u.flush();
+        const wide = await db.store.db
+          .select()
+          .from(tables.usageRecords)
+          .where(eq(tables.usageRecords.requestId, 'chatcmpl-13'));
+        assert.equal(wide[0]!.user, 'ålice 🚀');
+        assert.deepEqual(wide[0]!.metadata, big);
+        assert.equal(u.written, 9);
+
         await db.store.close();
         u.record(rec(9));
         await u.flush();
@@ -64,3 +82,76 @@ for (const driver of drivers()) {
     });
   });
 }
+
+/** A database whose every write calls `during` first (load arriving while it writes). */
+function fakeDb(during: (call: number) => void, fail = false): { db: Db; calls: () => number } {
+  let calls = 0;
+  const db = {
+    execute: async () => {
+      during(++calls);
+      await new Promise((r) => setImmediate(r));
+      if (fail) throw new Error('database down');
+      return { rows: [{ stored: 1, charged: [] }] };
+    },
+  } as unknown as Db;
+  return { db, calls: () => calls };
+}
+
+const row = (i: number) => ({
+  requestId: `chatcmpl-${i}`,
+  projectId: '00000000-0000-4000-8000-000000000000',
+  endpointId: '00000000-0000-4000-8000-000000000000',
+  model: 'm',
+  tierId: 'cpu',
+  status: 'completed',
+  durationMs: 1,
+});
+
+describe('usage recorder under load', () => {
+  it('flush() returns once its own records are written while new ones keep arriving', async () => {
+    let next = 100;
+    let u: UsageRecorder | null = null;
+    // One new record during every write, fewer than a batch: a recorder that kept
+    // flushing while anything was buffered (the old recursion) would never return
+    // before the load stopped, holding every batch it had written.
+    const { db, calls } = fakeDb((call) => {
+      if (call < 50) u!.record(row(next++));
+    });
+    u = new UsageRecorder(db, createLogger('silent'), { batchSize: 4, flushIntervalMs: 60_000 });
+    for (let i = 0; i < 6; i++) u.record(row(i));
+    // Six records: one full batch already on its way (record() starts it), then the rest.
+    await u.flush();
+    assert.ok(calls() <= 3, `flush() returned after ${calls()} writes`);
+    assert.ok(u.pending > 0 && u.pending < 4, 'later records wait for their own flush');
+  });
+
+  it('keeps at most maxBuffered records (plus one batch) through an outage, counting the dropped', async () => {
+    const { db } = fakeDb(() => undefined, true);
+    const u = new UsageRecorder(db, createLogger('silent'), {
+      batchSize: 10,
+      maxBuffered: 25,
+      flushIntervalMs: 60_000,
+    });
+    for (let i = 0; i < 100; i++) {
+      u.record(row(i));
+      await new Promise((r) => setImmediate(r));
+    }
+    assert.ok(u.pending <= 25 + 10, `pending ${u.pending}`);
+    assert.equal(u.pending + u.dropped, 100, 'every record is either kept or counted as dropped');
+    await u.close();
+  });
+});
+
+describe('RowBatch', () => {
+  it('is one JSON array of the appended rows, growing past its first buffer', () => {
+    const b = new RowBatch(64);
+    assert.deepEqual(JSON.parse(b.bytes().toString('utf8')), []);
+    const rows = Array.from({ length: 50 }, (_, i) => [i, 'ü🚀'.repeat(i), null]);
+    for (const r of rows) b.append(JSON.stringify(r));
+    assert.equal(b.rows, 50);
+    assert.deepEqual(JSON.parse(b.bytes().toString('utf8')), rows);
+    // A batch put back after a failed write takes more rows.
+    b.append(JSON.stringify(['late']));
+    assert.deepEqual(JSON.parse(b.bytes().toString('utf8')), [...rows, ['late']]);
+  });
+});
