@@ -1,4 +1,5 @@
-// Runs every *.test.ts under test/ and src/ with node's test runner (tsx as loader).
+// Runs every *.test.ts under test/ and src/, and the benchmark's own *.test.mjs under
+// bench/, with node's test runner (tsx as loader).
 // Node 20's runner has no glob support, so the file list is built here.
 import { spawnSync } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';
@@ -9,13 +10,13 @@ function collect(dir, out) {
     if (name === 'node_modules') continue;
     const p = join(dir, name);
     if (statSync(p).isDirectory()) collect(p, out);
-    else if (name.endsWith('.test.ts')) out.push(p);
+    else if (name.endsWith('.test.ts') || name.endsWith('.test.mjs')) out.push(p);
   }
   return out;
 }
 
 const filter = process.argv.slice(2);
-let files = [...collect('test', []), ...collect('src', [])].sort();
+let files = [...collect('test', []), ...collect('src', []), ...collect('bench', [])].sort();
 if (filter.length) files = files.filter((f) => filter.some((x) => f.includes(x)));
 // SWY_TEST_EXCLUDE=a,b skips files whose path contains any of them (local runs).
 const exclude = (process.env.SWY_TEST_EXCLUDE ?? '').split(',').filter(Boolean);

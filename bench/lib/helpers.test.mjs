@@ -5,6 +5,8 @@ import { fetch } from 'undici';
 import { summarizeProfile } from './profile.mjs';
 import { diff, percentile, summarize } from './stats.mjs';
 import { parseWrk } from './wrk.mjs';
+import { accessSync, constants, readFileSync } from 'node:fs';
+import { BIN, binNodeFlags } from './services.mjs';
 
 test('percentile is nearest-rank over the sorted samples', () => {
   const s = Float64Array.from([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
@@ -118,4 +120,13 @@ test('the floor proxy passes bodies and streams through unchanged', async (t) =>
     ['/v1/chat/completions', '/v1/chat/completions'],
   );
   assert.equal(seen[1].body, '{"stream":true}');
+});
+
+test("the router runs with the flags on the binary's first line, under npm start and in the bench", () => {
+  const flags = binNodeFlags();
+  assert.ok(flags.includes('--max-semi-space-size=4'), flags.join(' '));
+  // npm start runs the file itself, so its shebang (and flags) apply.
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
+  assert.match(pkg.scripts.start, /\.\/bin\/switchyard\.js serve$/);
+  accessSync(BIN, constants.X_OK);
 });

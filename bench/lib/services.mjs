@@ -5,7 +5,7 @@
  * PostgreSQL when `databaseUrl` is given) with limits and logging out of the way.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -14,6 +14,18 @@ import { startService, stopAll } from './procs.mjs';
 import { MODEL, register } from './setup.mjs';
 
 export const BIN = join(fileURLToPath(new URL('../..', import.meta.url)), 'bin', 'switchyard.js');
+
+/**
+ * The Node/V8 flags the `switchyard` binary runs with, from its first line
+ * (`#!/usr/bin/env -S node <flags>`): the bench starts the router as `npm start` and
+ * the installed binary do.
+ */
+export function binNodeFlags(bin = BIN) {
+  const first = readFileSync(bin, 'utf8').split('\n', 1)[0];
+  const m = /^#!\/usr\/bin\/env -S node(?<flags>( --?[\w-]+(=\S+)?)*)\s*$/.exec(first);
+  if (!m) throw new Error(`${bin}: first line is not '#!/usr/bin/env -S node [flags]'`);
+  return m.groups.flags.split(' ').filter(Boolean);
+}
 
 /** `simArgs`: more `switchyard worker` flags (delays, batch size). Resolves with `url` (…/v1). */
 export async function startSim({ cpu, simArgs = [] }) {
@@ -56,7 +68,7 @@ export async function startRouter({
     name: 'router',
     cpu,
     cmd: process.execPath,
-    args: [...nodeArgs, BIN, 'serve'],
+    args: [...binNodeFlags(), ...nodeArgs, BIN, 'serve'],
     env,
     ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
     timeoutMs: 60_000,
