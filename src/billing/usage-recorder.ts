@@ -48,7 +48,8 @@ function rowJson(r: UsageRecord): string {
     r.costMicrocents ?? 0,
     r.user ?? null,
     r.metadata ?? null,
-    (r.createdAt ?? new Date()).toISOString(),
+    // Epoch milliseconds: toISOString cost as much as serialising the rest of the row.
+    (r.createdAt ?? new Date()).getTime(),
   ]);
 }
 
@@ -119,7 +120,7 @@ async function insertBatch(db: Db, rows: Buffer): Promise<{ stored: number; char
       r->>7, (r->>8)::real, r->>9, (r->>10)::integer, (r->>11)::integer,
       (r->>12)::integer, (r->>13)::integer, (r->>14)::integer, (r->>15)::integer,
       (r->>16)::integer, (r->>17)::integer, (r->>18)::integer, (r->>19)::bigint, r->>20,
-      nullif(r->21, 'null'::jsonb), (r->>22)::timestamptz
+      nullif(r->21, 'null'::jsonb), to_timestamp((r->>22)::double precision / 1000)
     from jsonb_array_elements(convert_from(${rows}::bytea, 'UTF8')::jsonb) as x(r)
     on conflict (request_id) do nothing
     returning project_id, cost_microcents),

@@ -84,17 +84,20 @@ export async function buildApp(
     m.httpRequests.inc({ route, method: request.method, status });
     m.httpDuration.observe({ route, status }, reply.elapsedTime / 1000);
     // The root logger with the id in the line: the same fields as a request child's
-    // line, without making a child per request just for this line.
-    services.logger.info(
-      {
-        request_id: request.id,
-        method: request.method,
-        url: request.url.split('?', 1)[0],
-        status: reply.statusCode,
-        ms: Math.round(reply.elapsedTime * 100) / 100,
-      },
-      'request',
-    );
+    // line, without making a child per request just for this line (nor its fields
+    // when the level is above info).
+    if (services.logger.isLevelEnabled('info')) {
+      services.logger.info(
+        {
+          request_id: request.id,
+          method: request.method,
+          url: request.url.split('?', 1)[0],
+          status: reply.statusCode,
+          ms: Math.round(reply.elapsedTime * 100) / 100,
+        },
+        'request',
+      );
+    }
     done();
   });
   app.setErrorHandler(errorHandler);

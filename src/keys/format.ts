@@ -4,7 +4,7 @@
  * never contain `_`, so a key splits unambiguously. Only the SHA-256 of the
  * whole value and a short display prefix are ever stored.
  */
-import crypto, { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import crypto, { createHash, randomBytes } from 'node:crypto';
 
 export const KEY_PREFIX = 'swy';
 export const TOKEN_BYTES = 32;
@@ -49,13 +49,6 @@ export function hashKey(value: string): string {
   return oneShot
     ? oneShot('sha256', value, 'hex')
     : createHash('sha256').update(value, 'utf8').digest('hex');
-}
-
-/** Constant-time comparison of two hex digests of equal length. */
-export function hashesEqual(a: string, b: string): boolean {
-  const ab = Buffer.from(a, 'hex');
-  const bb = Buffer.from(b, 'hex');
-  return ab.length === bb.length && ab.length > 0 && timingSafeEqual(ab, bb);
 }
 
 /** Extracts the bearer token from an Authorization header value. */

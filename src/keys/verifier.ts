@@ -6,8 +6,10 @@
  * secrets; only a miss, or an entry older than the cache TTL, reads the
  * database (concurrent misses for one hash share one read). Hashes that match
  * no key are remembered in a second LRU: a value of 256 random bits can never
- * become valid later, so that cache needs no expiry. The stored hash is compared
- * with the computed one in constant time.
+ * become valid later, so that cache needs no expiry. Entries are found by the hash
+ * itself (the database by equality, the cache by key), so no separate comparison of
+ * the stored and the computed hash is needed, constant-time or not: what an attacker
+ * could time is a lookup of the SHA-256 of their own input.
  *
  * The outcome is one status decided here, once; the HTTP layer maps it to 401.
  * Expiry (`expiresAt`) and the rotation grace (`validUntil`) are compared with
@@ -17,7 +19,7 @@
  */
 import { LRUCache } from 'lru-cache';
 import type { Clock } from '../runtime/clock.js';
-import { bearerToken, hashKey, hashesEqual, parseKey } from './format.js';
+import { bearerToken, hashKey, parseKey } from './format.js';
 import type { KeyRecord } from './record.js';
 import type { KeyRepository, SecretLookup } from './repository.js';
 
@@ -69,7 +71,7 @@ export class KeyVerifier {
     } else if (!entry || age > this.opts.ttlMs) {
       entry = await this.load(hash, entry);
     }
-    if (!entry || !hashesEqual(entry.hash, hash)) return { status: 'unknown' };
+    if (!entry) return { status: 'unknown' };
     return decide(entry, now);
   }
 

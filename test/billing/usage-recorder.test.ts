@@ -38,7 +38,7 @@ for (const driver of drivers()) {
           costMicrocents: 10,
           metadata: { k: `v${i}` },
           user: i === 0 ? 'alice' : null,
-          createdAt: new Date(),
+          createdAt: new Date(Date.UTC(2026, 10, 24, 12, 0, i, 123)),
         });
         for (let i = 0; i < 5; i++) u.record(rec(i));
         await u.flush();
@@ -50,6 +50,7 @@ for (const driver of drivers()) {
         const first = rows.find((r) => r.requestId === 'chatcmpl-0')!;
         assert.deepEqual(first.metadata, { k: 'v0' });
         assert.equal(first.user, 'alice');
+        assert.equal(first.createdAt.toISOString(), '2026-11-24T12:00:00.123Z');
         assert.equal(first.completionTokens, 4);
         const [p] = await db.store.db
           .select()
@@ -105,6 +106,7 @@ const row = (i: number) => ({
   tierId: 'cpu',
   status: 'completed',
   durationMs: 1,
+  createdAt: new Date(),
 });
 
 describe('usage recorder under load', () => {
