@@ -106,6 +106,8 @@ export async function buildApp(
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/metrics', async (_request, reply) => {
     m.usageBuffered.set(services.usage.pending);
+    m.usageDropped.reset();
+    m.usageDropped.inc(services.usage.dropped);
     return reply.type(m.registry.contentType).send(await m.registry.metrics());
   });
   app.get('/readyz', async (_request, reply) => {

@@ -37,6 +37,11 @@ export class Metrics {
     help: 'Usage records waiting to be written.',
     registers: [this.registry],
   });
+  readonly usageDropped = new Counter({
+    name: 'switchyard_usage_records_dropped_total',
+    help: 'Usage records dropped unwritten because the buffer was full (a long database outage).',
+    registers: [this.registry],
+  });
 
   // Per worker (label `worker` = worker id; bounded by the registry's size).
   readonly workerRequests = new Counter({

@@ -347,6 +347,7 @@ describe(
         assert.equal(r.headers['retry-after'], '1');
       }
       assert.ok((await metric('switchyard_usage_records_buffered')) >= during.length);
+      assert.equal(await metric('switchyard_usage_records_dropped_total'), 0, 'kept, not dropped');
       assert.equal((await usageOf(during)).length, 0, 'nothing written during the outage');
       assert.equal(router.child.exitCode, null);
 
