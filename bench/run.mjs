@@ -393,6 +393,24 @@ async function teardown(env) {
   await env.database?.drop();
 }
 
+/** The router's V8 heap (MiB committed, whole and by space) from its own /metrics. */
+async function v8HeapOf(routerUrl) {
+  try {
+    const text = await (await fetch(`${routerUrl}/metrics`)).text();
+    const mib = (re) => {
+      const m = re.exec(text);
+      return m ? Math.round((Number(m[1]) / 1048576) * 10) / 10 : null;
+    };
+    return {
+      totalMiB: mib(/^switchyard_nodejs_heap_size_total_bytes (\S+)$/m),
+      newMiB: mib(/^switchyard_nodejs_heap_space_size_total_bytes\{space="new"\} (\S+)$/m),
+      oldMiB: mib(/^switchyard_nodejs_heap_space_size_total_bytes\{space="old"\} (\S+)$/m),
+    };
+  } catch {
+    return null;
+  }
+}
+
 async function start(dataDir, nodeArgs, databaseUrl) {
   const token = randomBytes(24).toString('base64url');
   log('starting the sim worker (CPU 1) and the router (CPU 0)');
@@ -567,6 +585,7 @@ async function benchmark(host) {
     }
 
     results.rss = { router: memoryOf(env.router.pid), sim: memoryOf(env.sim.pid) };
+    results.rss.router.v8 = await v8HeapOf(env.router.url);
     if (env.peer) results.rss.peer = memoryOf(env.peer.pid);
     if (env.floor) results.rss.floor = memoryOf(env.floor.pid);
     results.loadAverageAtEnd = os.loadavg().map((v) => Math.round(v * 100) / 100);

@@ -164,7 +164,13 @@ export function memoryOf(pid) {
     return m ? Number(m[1]) : null;
   };
   const mib = (v) => (v === null ? null : Math.round((v / 1024) * 10) / 10);
-  return { rssMiB: mib(kb('VmRSS')), peakRssMiB: mib(kb('VmHWM')) };
+  return {
+    rssMiB: mib(kb('VmRSS')),
+    peakRssMiB: mib(kb('VmHWM')),
+    // Anonymous: the V8 heap, malloc, stacks; file-backed: the node binary and libraries.
+    anonMiB: mib(kb('RssAnon')),
+    fileMiB: mib(kb('RssFile')),
+  };
 }
 
 const CLK_TCK = (() => {

@@ -63,6 +63,15 @@ export function markdownReport(r) {
   out.push(
     `| RSS after the run (peak) | sim ${f(r.rss.sim.rssMiB, 1)} MiB (${f(r.rss.sim.peakRssMiB, 1)}) | router ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
   );
+  const rm = r.rss.router;
+  if (rm.anonMiB != null) {
+    const v8 = rm.v8
+      ? `, of which the V8 heap ${f(rm.v8.totalMiB, 1)} (young generation ${f(rm.v8.newMiB, 1)}, old ${f(rm.v8.oldMiB, 1)})`
+      : '';
+    out.push(
+      `| Router RSS after the run, by kind (MiB) | | anonymous ${f(rm.anonMiB, 1)}${v8}; file-backed (the node binary, libraries) ${f(rm.fileMiB, 1)} | |`,
+    );
+  }
   if (r.throughput.peer) peerTable(r, out);
   if (r.throughput.floor) floorTable(r, out);
   out.push('');
