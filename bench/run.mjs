@@ -604,7 +604,11 @@ async function benchmark(host) {
 
 async function profile() {
   const dir = mkdtempSync(join(os.tmpdir(), 'switchyard-prof-'));
-  const env = await setup(['--cpu-prof', `--cpu-prof-dir=${dir}`]);
+  const env = await setup([
+    '--cpu-prof',
+    `--cpu-prof-dir=${dir}`,
+    ...opts['router-node-args'].split(' ').filter(Boolean),
+  ]);
   try {
     log(`profiling the router under wrk load: warm-up ${P.wrkWarmupS} s, then ${PROFILE_LOAD_S} s`);
     const args = {
