@@ -157,6 +157,8 @@ export class UsageRecorder {
   private timer: NodeJS.Timeout | null = null;
   /** The one write in progress; every writer waits for it before taking a batch. */
   private flushing: Promise<string[] | null> | null = null;
+  /** A write failed: full batches wait for the retry timer, not for the next record. */
+  private backingOff = false;
   private readonly interval: number;
   private readonly batchSize: number;
   private readonly maxBuffered: number;
@@ -197,8 +199,10 @@ export class UsageRecorder {
       this.dropped += oldest.rows;
     }
     if (this.queue.length > 1 || tail.rows >= this.batchSize) {
-      // A write in progress goes on with full batches by itself (see flush).
-      if (!this.flushing) void this.flush();
+      // A write in progress goes on with full batches by itself (see flush); after a
+      // failed one the retry timer is next, so a database outage is not retried at
+      // the request rate.
+      if (!this.flushing && !this.backingOff) void this.flush();
     } else if (!this.timer) {
       this.timer = setTimeout(() => {
         this.timer = null;
@@ -259,18 +263,20 @@ export class UsageRecorder {
       this.queue.unshift(batch);
       this.buffered += batch.rows;
       this.taken -= batch.rows;
-      if (!this.timer) {
-        this.timer = setTimeout(() => {
-          this.timer = null;
-          void this.flush();
-        }, this.interval * 4);
-        this.timer.unref();
-      }
+      this.backingOff = true;
+      if (this.timer) clearTimeout(this.timer);
+      this.timer = setTimeout(() => {
+        this.timer = null;
+        this.backingOff = false;
+        void this.flush();
+      }, this.interval * 4);
+      this.timer.unref();
       return null;
     } finally {
       this.writing = 0;
     }
     this.written += result.stored;
+    this.backingOff = false;
     return result.charged;
   }
 
