@@ -21,6 +21,19 @@ if (filter.length) files = files.filter((f) => filter.some((x) => f.includes(x))
 // SWY_TEST_EXCLUDE=a,b skips files whose path contains any of them (local runs).
 const exclude = (process.env.SWY_TEST_EXCLUDE ?? '').split(',').filter(Boolean);
 if (exclude.length) files = files.filter((f) => !exclude.some((x) => f.includes(x)));
+// The migrated PGlite database the tests' databases start from (test/support/pglite-template.ts),
+// made once here so that every test process, and every binary they spawn, finds it.
+const template = spawnSync(
+  process.execPath,
+  [
+    '--import',
+    'tsx',
+    '-e',
+    "import('./test/support/pglite-template.ts').then((m) => m.pgliteTemplate())",
+  ],
+  { stdio: 'inherit' },
+);
+if (template.status !== 0) console.error('PGlite template not made; each test makes its own');
 const r = spawnSync(
   process.execPath,
   ['--import', 'tsx', '--test', '--test-concurrency=2', '--test-reporter=spec', ...files],

@@ -14,6 +14,11 @@ export interface Config {
   baseUrl: string;
   env: Environment;
   dataDir: string;
+  /**
+   * A PGlite data-directory dump (tar, PGlite's dumpDataDir) a new embedded database
+   * starts from instead of an empty cluster; ignored once the database exists.
+   */
+  pgliteTemplate: string | undefined;
   databaseUrl: string | undefined;
   redisUrl: string | undefined;
   adminToken: string | undefined;
@@ -141,6 +146,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     ).replace(/\/+$/, ''),
     env: rawEnv,
     dataDir: resolve(env.SWITCHYARD_DATA_DIR || './data'),
+    pgliteTemplate: nonEmpty(env.SWITCHYARD_PGLITE_TEMPLATE),
     databaseUrl: nonEmpty(env.DATABASE_URL),
     redisUrl: nonEmpty(env.REDIS_URL),
     adminToken: nonEmpty(env.SWITCHYARD_ADMIN_TOKEN),

@@ -112,6 +112,10 @@ export async function createServices(
       databaseUrl: config.databaseUrl,
       dataDir: config.dataDir,
       poolSize: config.dbPoolSize,
+      pgliteFrom:
+        config.pgliteTemplate && !config.databaseUrl
+          ? new Uint8Array(readFileSync(config.pgliteTemplate))
+          : undefined,
     }));
   const keys = new KeyRepository(store.db);
   const endpoints = new EndpointRepository(store.db);

@@ -78,16 +78,17 @@ export class PgliteThreadClient {
     worker.on('exit', (code) => fail(new Error(`the PGlite thread exited (code ${code})`)));
   }
 
-  static async open(dataDir: string): Promise<PgliteThreadClient> {
+  /** `from`: a data directory dump to start from (see OpenStoreOptions.pgliteFrom). */
+  static async open(dataDir: string, from?: Uint8Array): Promise<PgliteThreadClient> {
     const url = workerUrl();
     const worker = url.pathname.endsWith('.ts')
       ? // Under tsx (the tests), the worker registers the TypeScript loader first:
         // Node 20 does not apply `--import` hooks to a worker's entry module.
         new Worker(
           `import('tsx/esm/api').then((m) => { m.register(); return import(${JSON.stringify(url.href)}); })`,
-          { eval: true, workerData: { dataDir } },
+          { eval: true, workerData: { dataDir, from } },
         )
-      : new Worker(url, { workerData: { dataDir } });
+      : new Worker(url, { workerData: { dataDir, from } });
     await new Promise<void>((resolve, reject) => {
       const onMessage = (r: Reply) => {
         if (r.id !== 0) return;

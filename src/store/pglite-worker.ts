@@ -10,7 +10,7 @@ import { PGlite, types, type Transaction } from '@electric-sql/pglite';
 import type { Reply, Request } from './pglite-thread.js';
 
 const port = parentPort!;
-const { dataDir } = workerData as { dataDir: string };
+const { dataDir, from } = workerData as { dataDir: string; from?: Uint8Array };
 
 // The parsers drizzle-orm's PGlite driver passes on every query: dates,
 // timestamps and intervals stay strings (drizzle maps them itself).
@@ -51,7 +51,10 @@ function serializeError(err: unknown): Record<string, unknown> {
 }
 
 async function main(): Promise<void> {
-  const pg = dataDir === 'memory://' ? new PGlite() : new PGlite(dataDir);
+  const pg = new PGlite({
+    ...(dataDir === 'memory://' ? {} : { dataDir }),
+    ...(from ? { loadDataDir: new Blob([from]) } : {}),
+  });
   await pg.waitReady;
   send({ id: 0, ok: true, value: null });
 

@@ -16,6 +16,7 @@ import { FakeClock } from '../../src/runtime/clock.js';
 import { createLogger } from '../../src/runtime/logger.js';
 import { createServices, type Services } from '../../src/runtime/services.js';
 import { openStore, type Store } from '../../src/store/index.js';
+import { pgliteTemplate } from './pglite-template.js';
 
 export const ADMIN_TOKEN = 'test-operator-token';
 
@@ -35,7 +36,7 @@ export interface TestDatabase {
 /** A fresh, migrated database on the driver. */
 export async function freshDatabase(driver: Driver): Promise<TestDatabase> {
   if (driver === 'pglite') {
-    const store = await openStore({ dataDir: 'memory://' });
+    const store = await openStore({ dataDir: 'memory://', pgliteFrom: await pgliteTemplate() });
     return { store, url: undefined, drop: () => store.close() };
   }
   const base = process.env.TEST_DATABASE_URL;

@@ -4,7 +4,9 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { pgliteTemplatePath } from './pglite-template.js';
 
 export const BIN = resolve(import.meta.dirname, '..', '..', 'bin', 'switchyard.js');
 
@@ -17,9 +19,20 @@ export interface Spawned {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
+/** The environment every spawned binary gets: PATH, HOME and the PGlite template when made. */
+export function baseEnv(): Record<string, string> {
+  const env: Record<string, string> = {
+    PATH: process.env.PATH ?? '',
+    HOME: process.env.HOME ?? '',
+  };
+  const template = pgliteTemplatePath();
+  if (existsSync(template)) env.SWITCHYARD_PGLITE_TEMPLATE = template;
+  return env;
+}
+
 export function spawnSwitchyard(args: string[], env: Record<string, string>): Spawned {
   const child = spawn(process.execPath, [BIN, ...args], {
-    env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env },
+    env: { ...baseEnv(), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
