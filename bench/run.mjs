@@ -75,7 +75,7 @@ import { diff } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 import { createDatabase } from './lib/postgres.mjs';
 import { ensurePeer, freePort, PEER_NAME, peerHeaders } from './lib/peer.mjs';
-import { startRouter, startSim } from './lib/services.mjs';
+import { binNodeFlags, startRouter, startSim } from './lib/services.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const RESULTS = join(ROOT, 'bench', 'results');
@@ -457,7 +457,8 @@ async function start(dataDir, nodeArgs, databaseUrl) {
       name: 'floor proxy',
       cpu: ROUTER_CPU,
       cmd: process.execPath,
-      args: [join(ROOT, 'bench', 'lib', 'floor-proxy.mjs'), sim.url],
+      // The router's V8 flags, so the floor differs from it by the logic alone.
+      args: [...binNodeFlags(), join(ROOT, 'bench', 'lib', 'floor-proxy.mjs'), sim.url],
       env: process.env,
       ready: /floor proxy listening on (http:\/\/127\.0\.0\.1:\d+)/,
     });

@@ -145,7 +145,7 @@ function floorTable(r, out) {
     a === null || a === undefined || b === null || b === undefined ? null : a - b;
   out.push('');
   out.push(
-    `Floor: ${r.config.floor}, same sim worker, same pinning (CPU ${r.config.routerCpu}). Its added latency is what the extra HTTP hop alone costs on this machine during this run.`,
+    `Floor: ${r.config.floor}, same sim worker, same pinning (CPU ${r.config.routerCpu}) and the same V8 flags as the router. Its added latency is what the extra HTTP hop alone costs on this machine during this run.`,
   );
   out.push('');
   out.push('| Measure | Floor proxy | Switchyard | Switchyard above the floor |');
