@@ -34,9 +34,6 @@ async function phase(pool, opts, rate, durationS, drainTimeoutS) {
   let errors = 0;
   const statuses = {};
   const t0 = performance.now() + 5;
-  // performance.now() to the monotonic clock in µs (process.hrtime, which V8's CPU
-  // profiler stamps its samples with), for `trace`.
-  const hrOffsetUs = Number(process.hrtime.bigint() / 1000n) - performance.now() * 1000;
 
   const fire = (i) => {
     const scheduled = t0 + i * interval;
@@ -85,24 +82,12 @@ async function phase(pool, opts, rate, durationS, drainTimeoutS) {
     achievedSendRate: Math.round((total / sendSpanMs) * 1000),
     latencyMs: summarize(ok),
     sendLagMs: summarize(lag),
-    ...(opts.trace
-      ? {
-          // Per request: scheduled send time (monotonic µs) and latency (ms, NaN = failed).
-          trace: {
-            scheduledUs: Array.from({ length: total }, (_, i) =>
-              Math.round(hrOffsetUs + (t0 + i * interval) * 1000),
-            ),
-            latencyMs: Array.from(latency),
-          },
-        }
-      : {}),
   };
 }
 
 /**
  * @param {{url: string, headers?: Record<string,string>, body: string, rate: number,
- *   durationS: number, warmupS?: number, connections?: number, drainTimeoutS?: number,
- *   trace?: boolean}} o  `trace`: also return each measured request's scheduled time and latency
+ *   durationS: number, warmupS?: number, connections?: number, drainTimeoutS?: number}} o
  */
 export async function runOpenLoop(o) {
   const u = new URL(o.url);
@@ -115,7 +100,6 @@ export async function runOpenLoop(o) {
     path: u.pathname + u.search,
     headers: { 'content-type': 'application/json', ...(o.headers ?? {}) },
     body: o.body,
-    trace: o.trace ?? false,
   };
   const drain = o.drainTimeoutS ?? 10;
   try {
