@@ -14,6 +14,7 @@ import {
 } from '../operator/bootstrap.js';
 import { systemClock } from '../runtime/clock.js';
 import { createLogger } from '../runtime/logger.js';
+import { MemoryTrimmer } from '../runtime/memory-trim.js';
 import { createServices, type Services } from '../runtime/services.js';
 import { readFileSync, unwatchFile, watchFile } from 'node:fs';
 import { join } from 'node:path';
@@ -135,6 +136,18 @@ export async function serve(argv: string[]): Promise<number> {
     const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
     baseUrl = `${tls ? 'https' : 'http'}://${host.includes(':') ? `[${host}]` : host}:${addr.port}`;
   }
+  // Freed native memory goes back to the system when the router goes quiet.
+  const trimmer = new MemoryTrimmer({
+    clock: services.clock,
+    logger,
+    intervalMs: config.memoryTrimMs,
+    onTrim: (before, after) => {
+      services.metrics.memoryTrims.inc();
+      services.metrics.memoryTrimReleased.inc(Math.max(0, before - after));
+    },
+  });
+  trimmer.start();
+  closers.push(async () => trimmer.stop());
   printBanner(baseUrl, config, services, demo, roles);
   if (execBanner) process.stdout.write(execBanner + '\n');
 

@@ -65,6 +65,8 @@ export interface Config {
   tlsKeyFile: string | undefined;
   /** How long SIGTERM waits for in-flight requests and streams before ending them. */
   drainMs: number;
+  /** Period of the check that returns freed native memory after load (ms; 0 = off). */
+  memoryTrimMs: number;
   /** OTLP/HTTP endpoint for OpenTelemetry traces; unset = tracing off. */
   otlpEndpoint: string | undefined;
   otelServiceName: string;
@@ -175,6 +177,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     tlsCertFile: nonEmpty(env.SWITCHYARD_TLS_CERT_FILE),
     tlsKeyFile: nonEmpty(env.SWITCHYARD_TLS_KEY_FILE),
     drainMs: int(env, 'SWITCHYARD_DRAIN_MS', 30_000, 0),
+    memoryTrimMs: int(env, 'SWITCHYARD_MEMORY_TRIM_MS', 5_000, 0),
     otlpEndpoint: otlpEndpointFromEnv(env),
     otelServiceName: env.OTEL_SERVICE_NAME || 'switchyard',
     limitsFailClosed: env.SWITCHYARD_LIMITS_FAIL === 'closed',

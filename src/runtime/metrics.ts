@@ -37,6 +37,16 @@ export class Metrics {
     help: 'Usage records waiting to be written.',
     registers: [this.registry],
   });
+  readonly memoryTrims = new Counter({
+    name: 'switchyard_memory_trims_total',
+    help: 'Times freed native memory was returned to the system after load (malloc_trim).',
+    registers: [this.registry],
+  });
+  readonly memoryTrimReleased = new Counter({
+    name: 'switchyard_memory_trim_released_bytes_total',
+    help: 'Resident memory given back by those trims (RSS before minus after).',
+    registers: [this.registry],
+  });
   readonly usageDropped = new Counter({
     name: 'switchyard_usage_records_dropped_total',
     help: 'Usage records dropped unwritten because the buffer was full (a long database outage).',

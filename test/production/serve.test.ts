@@ -160,6 +160,23 @@ describe('body limit and roles', () => {
       404,
     );
   });
+
+  it('gives freed native memory back once quiet, and counts it in /metrics', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_MEMORY_TRIM_MS: '100' });
+    procs.push(p);
+    // Start-up (migrations, module loading) is the first busy period: the quiet
+    // intervals after it trim.
+    let trims = 0;
+    for (let i = 0; i < 50 && trims === 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      const text = (await http('GET', `${url}/metrics`)).text;
+      trims = Number(/^switchyard_memory_trims_total (\d+)/m.exec(text)?.[1] ?? 0);
+      assert.match(text, /^switchyard_memory_trim_released_bytes_total \d+/m);
+    }
+    assert.ok(trims >= 1, 'no trim within 5 s of a quiet start');
+  });
 });
 
 describe('graceful drain on SIGTERM', () => {

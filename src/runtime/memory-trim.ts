@@ -1,0 +1,172 @@
+/**
+ * Gives the memory that glibc's malloc keeps after a load peak back to the
+ * system, once the router has gone quiet.
+ *
+ * Under load the router's native side (Buffers' backing stores, socket reads,
+ * V8's compiler zones on its helper threads) allocates and frees tens of MiB
+ * through malloc. glibc returns freed memory to the system only from the top
+ * of each arena, so a few live allocations above the freed ones keep the whole
+ * range resident: after 15 s of wrk the router's RSS settled about 24 MiB above
+ * its idle size, and `malloc_trim(0)` (which also releases whole free pages in
+ * the middle of every arena) brought it back (docs/BENCHMARKS.md, "Memory
+ * after a load peak"). Node never calls it, and glibc's tunables cannot make
+ * it release mid-arena pages, so it is called here, through ffi-rs: the one
+ * libc function, with a fixed signature and no input from requests.
+ *
+ * When: every `intervalMs` the event loop's utilization over the interval is
+ * read. An interval under `quietUtilization` is quiet. The first
+ * `trimsAfterBusy` quiet intervals after a busy one each trim (V8 frees
+ * backing stores over several garbage collections after the load ends, so one
+ * trim is not enough); after that, a quiet process trims again only when its
+ * RSS has grown by `growthBytes` since the last trim. A busy process never
+ * trims: under steady load the freed memory is reused at once, and giving it
+ * back would only cost page faults. Each trim took 0.1–2 ms on the event loop.
+ */
+import { performance, type EventLoopUtilization } from 'node:perf_hooks';
+import type { Clock, Timer } from './clock.js';
+import type { Logger } from './logger.js';
+
+export interface MemorySample {
+  /** Share of the last interval the event loop was busy, 0–1. */
+  utilization: number;
+  /** Resident set size now, bytes. */
+  rss: number;
+}
+
+export interface MemoryTrimmerOptions {
+  clock: Clock;
+  logger: Pick<Logger, 'info' | 'debug'>;
+  /** Period of the check (ms). */
+  intervalMs: number;
+  /** Reads the event loop's utilization since the previous call, and the RSS. */
+  sample?: () => MemorySample;
+  /** Releases free memory; resolves false when it cannot here (no glibc). */
+  trim?: () => Promise<boolean>;
+  quietUtilization?: number;
+  trimsAfterBusy?: number;
+  growthBytes?: number;
+  /** Called after each trim with the RSS before and after (metrics). */
+  onTrim?: (before: number, after: number) => void;
+}
+
+export class MemoryTrimmer {
+  private timer: Timer | null = null;
+  private readonly sample: () => MemorySample;
+  private readonly trim: () => Promise<boolean>;
+  private readonly quiet: number;
+  private readonly trimsAfterBusy: number;
+  private readonly growth: number;
+  /** Quiet-interval trims left since the last busy interval. */
+  private owed: number;
+  private rssAfterTrim = Infinity;
+  private disabled = false;
+  private running = false;
+
+  constructor(private readonly o: MemoryTrimmerOptions) {
+    this.sample = o.sample ?? eventLoopSampler();
+    this.trim = o.trim ?? mallocTrim;
+    this.quiet = o.quietUtilization ?? 0.05;
+    this.trimsAfterBusy = o.trimsAfterBusy ?? 4;
+    this.growth = o.growthBytes ?? 8 * 1024 * 1024;
+    // Start-up (migrations, module loading) counts as the first busy period.
+    this.owed = this.trimsAfterBusy;
+  }
+
+  start(): void {
+    if (this.timer || this.o.intervalMs <= 0) return;
+    this.sample(); // the first interval starts now
+    this.arm();
+  }
+
+  stop(): void {
+    this.timer?.cancel();
+    this.timer = null;
+  }
+
+  private arm(): void {
+    this.timer = this.o.clock.setTimer(this.o.intervalMs, () => void this.tick());
+  }
+
+  /** One check; public so tests can drive it without timers. */
+  async tick(): Promise<void> {
+    if (this.running || this.disabled) return;
+    this.running = true;
+    try {
+      const s = this.sample();
+      if (s.utilization >= this.quiet) {
+        this.owed = this.trimsAfterBusy;
+        return;
+      }
+      const grown = s.rss - this.rssAfterTrim >= this.growth;
+      if (this.owed === 0 && !grown) return;
+      if (this.owed > 0) this.owed--;
+      if (!(await this.trim())) {
+        this.disabled = true;
+        this.o.logger.info('memory trim: not available here (needs glibc); left off');
+        return;
+      }
+      const after = this.sample().rss;
+      this.rssAfterTrim = after;
+      this.o.onTrim?.(s.rss, after);
+      this.o.logger.debug(
+        { rssBeforeMiB: mib(s.rss), rssAfterMiB: mib(after) },
+        'memory trim: freed native memory returned to the system',
+      );
+    } finally {
+      this.running = false;
+      if (this.timer && !this.disabled) this.arm();
+    }
+  }
+}
+
+function mib(bytes: number): number {
+  return Math.round((bytes / 1048576) * 10) / 10;
+}
+
+/** Event-loop utilization since the previous call, from perf_hooks. */
+export function eventLoopSampler(): () => MemorySample {
+  let last: EventLoopUtilization = performance.eventLoopUtilization();
+  return () => {
+    const now = performance.eventLoopUtilization();
+    const delta = performance.eventLoopUtilization(now, last);
+    last = now;
+    return { utilization: delta.utilization, rss: process.memoryUsage.rss() };
+  };
+}
+
+let trimFn: (() => number) | null | undefined;
+
+/**
+ * `malloc_trim(0)` from the C library, loaded on first use. Resolves false
+ * where there is no glibc (musl, macOS) or the binding cannot load.
+ */
+export async function mallocTrim(): Promise<boolean> {
+  if (trimFn === undefined) {
+    trimFn = await loadMallocTrim(); // loading trims once
+    return trimFn !== null;
+  }
+  if (!trimFn) return false;
+  trimFn();
+  return true;
+}
+
+async function loadMallocTrim(): Promise<(() => number) | null> {
+  if (process.platform !== 'linux') return null;
+  // Without glibc (musl) opening libc.so.6 or finding the symbol fails: no trim.
+  try {
+    const ffi = await import('ffi-rs');
+    ffi.open({ library: 'libc', path: 'libc.so.6' });
+    const trim = () =>
+      ffi.load({
+        library: 'libc',
+        funcName: 'malloc_trim',
+        retType: ffi.DataType.I32,
+        paramsType: [ffi.DataType.U64],
+        paramsValue: [0],
+      }) as number;
+    trim(); // throws here, not later, where the symbol is missing
+    return trim;
+  } catch {
+    return null;
+  }
+}
