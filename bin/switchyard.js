@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --max-semi-space-size=4 --single-threaded-gc
+#!/usr/bin/env -S node --max-semi-space-size=4 --single-threaded-gc --v8-pool-size=1
 // Entry point of the `switchyard` binary: runs the compiled CLI (npm run build).
 //
 // The flags on the first line are the router's V8 settings (`npm start` runs this file

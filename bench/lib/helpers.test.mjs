@@ -126,6 +126,7 @@ test("the router runs with the flags on the binary's first line, under npm start
   const flags = binNodeFlags();
   assert.ok(flags.includes('--max-semi-space-size=4'), flags.join(' '));
   assert.ok(flags.includes('--single-threaded-gc'), flags.join(' '));
+  assert.ok(flags.includes('--v8-pool-size=1'), flags.join(' '));
   // npm start runs the file itself, so its shebang (and flags) apply.
   const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
   assert.match(pkg.scripts.start, /\.\/bin\/switchyard\.js serve$/);

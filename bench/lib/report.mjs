@@ -63,6 +63,15 @@ export function markdownReport(r) {
   out.push(
     `| RSS after the run (peak) | sim ${f(r.rss.sim.rssMiB, 1)} MiB (${f(r.rss.sim.peakRssMiB, 1)}) | router ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
   );
+  const st = r.rss.settled;
+  if (st) {
+    const trims = st.trims
+      ? `; ${st.trims.count} malloc trims so far, ${f(st.trims.releasedMiB, 1)} MiB given back`
+      : '';
+    out.push(
+      `| RSS after ${st.afterIdleS} s idle | sim ${f(r.rss.sim.rssMiB, 1)} MiB | router ${f(st.router.rssMiB, 1)} MiB${trims} | |`,
+    );
+  }
   const rm = r.rss.router;
   if (rm.anonMiB != null) {
     const v8 = rm.v8
@@ -130,6 +139,11 @@ function peerTable(r, out) {
   if (r.rss.peer) {
     out.push(
       `| RSS after the run (peak) | ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | ${f(r.rss.peer.rssMiB, 1)} MiB (${f(r.rss.peer.peakRssMiB, 1)}) | |`,
+      ...(r.rss.settled?.peer
+        ? [
+            `| RSS after ${r.rss.settled.afterIdleS} s idle | ${f(r.rss.settled.router.rssMiB, 1)} MiB | ${f(r.rss.settled.peer.rssMiB, 1)} MiB | |`,
+          ]
+        : []),
     );
   }
 }
@@ -178,6 +192,11 @@ function floorTable(r, out) {
   if (r.rss.floor) {
     out.push(
       `| RSS after the run (peak) | ${f(r.rss.floor.rssMiB, 1)} MiB (${f(r.rss.floor.peakRssMiB, 1)}) | ${f(r.rss.router.rssMiB, 1)} MiB (${f(r.rss.router.peakRssMiB, 1)}) | |`,
+      ...(r.rss.settled?.floor
+        ? [
+            `| RSS after ${r.rss.settled.afterIdleS} s idle | ${f(r.rss.settled.floor.rssMiB, 1)} MiB | ${f(r.rss.settled.router.rssMiB, 1)} MiB | |`,
+          ]
+        : []),
     );
   }
 }
