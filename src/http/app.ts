@@ -1,10 +1,17 @@
 /**
  * Assembles the HTTP application: request ids, the error envelope, and the
  * route groups (operator API, project surface, health). Every response carries
- * `X-Request-ID`; for chat completions it equals the completion `id`.
+ * `X-Request-ID`; for chat completions it equals the completion `id`. While
+ * the app closes, new requests get 503 `unavailable` in the error envelope.
  */
 import { randomUUID } from 'node:crypto';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, {
+  LogController,
+  type FastifyBaseLogger,
+  type FastifyError,
+  type FastifyInstance,
+  type FastifyRequest,
+} from 'fastify';
 import { inferenceRoutes } from '../inference/routes.js';
 import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
@@ -16,7 +23,7 @@ import { operatorRoutes } from '../operator/routes.js';
 import { projectRoutes } from '../projects/routes.js';
 import type { Services } from '../runtime/services.js';
 import { ServiceError } from '../errors/index.js';
-import { errorHandler, notFoundHandler } from './errors.js';
+import { errorHandler, notFoundHandler, sendError, toServiceError } from './errors.js';
 import { LazyRequestLogger, type Logger } from '../runtime/logger.js';
 
 export interface AppOptions {
@@ -34,6 +41,35 @@ export function requestId(url: string | undefined): string {
   const hex = randomUUID().replaceAll('-', '');
   const path = url ? url.split('?', 1)[0]! : '';
   return path.endsWith('/chat/completions') ? `chatcmpl-${hex}` : `req_${hex}`;
+}
+
+/** The model record route; its wildcard is a model name (see src/projects/routes.ts). */
+const MODEL_RECORD_PATH = /^\/[^/?]+\/v1\/models\/[^?]/;
+
+/**
+ * What the router refuses before any route or hook runs (a path that does not
+ * percent-decode, a parameter over `maxParamLength`), in the error envelope
+ * with X-Request-ID like every other answer. Such a path names nothing: on the
+ * model record route it is an unknown model.
+ */
+function frameworkError(err: FastifyError, request: FastifyRequest): ServiceError {
+  if (MODEL_RECORD_PATH.test(request.url)) {
+    return new ServiceError('model_not_found', {
+      message: 'The model does not exist.',
+      param: 'model',
+    });
+  }
+  if (err.code === 'FST_ERR_BAD_URL') {
+    return new ServiceError('route_not_found', {
+      message: 'The request path is not valid percent-encoding.',
+    });
+  }
+  if (err.code === 'FST_ERR_MAX_PARAM_LENGTH') {
+    return new ServiceError('route_not_found', {
+      message: 'A path segment is longer than the router accepts.',
+    });
+  }
+  return toServiceError(err);
 }
 
 export async function buildApp(
@@ -55,13 +91,38 @@ export async function buildApp(
     // body, so an oversized body is refused (413) without being buffered whole.
     bodyLimit: services.config.maxBodyBytes,
     trustProxy: services.config.trustedProxies.length ? services.config.trustedProxies : false,
-    return503OnClosing: true,
+    // The 503 during shutdown is ours (onRequest below): Fastify's own has
+    // neither the error envelope nor X-Request-ID.
+    return503OnClosing: false,
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
+    frameworkErrors: (err, request, reply) => {
+      reply.header('X-Request-ID', request.id);
+      void sendError(reply, frameworkError(err, request));
+    },
   });
 
+  // Set when close() starts (preClose runs before the listener stops): requests
+  // that still arrive on kept-alive connections while in-flight ones drain are
+  // refused, so the client retries elsewhere. Fastify adds `Connection: close`.
+  let closing = false;
+  app.addHook('preClose', (done) => {
+    closing = true;
+    done();
+  });
   const production = services.config.env === 'production';
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('X-Request-ID', request.id);
+    if (closing) {
+      // Sent here rather than thrown: a refusal while draining is expected, not a
+      // failure for the error log. Replying ends the request; done() is not called.
+      void sendError(
+        reply,
+        new ServiceError('unavailable', {
+          message: 'The server is shutting down; retry the request.',
+        }),
+      );
+      return;
+    }
     if (production) {
       reply.header('Strict-Transport-Security', HSTS);
       // request.protocol honours X-Forwarded-Proto only from trusted proxies.

@@ -7,7 +7,7 @@ import { and, asc, eq, isNull, lte } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 import { displayPrefix, generateKey, parseKey } from './format.js';
-import type { KeyRecord } from './record.js';
+import type { KeyRecord, KeyStatus } from './record.js';
 import { isScope, type Scope } from './scopes.js';
 
 const { apiKeys, apiKeySecrets, projects } = tables;
@@ -112,7 +112,8 @@ export class KeyRepository {
    * until `now + graceMs` (values already in grace keep their own end); the
    * display prefix resets; `scopes`, when given, replace the key's scopes. Values
    * whose grace has ended are deleted. Returns null for an unknown key; throws
-   * `RevokedKeyError` for a revoked one.
+   * `InactiveKeyError` for a revoked key, and for an expired one (expiry counts
+   * as revocation: a rotation would hand out a value that is already dead).
    */
   async rotate(
     project: { id: string; slug: string },
@@ -123,13 +124,16 @@ export class KeyRepository {
     const { value, hash, prefix } = generateKey(project.slug);
     const found = await this.db.transaction(async (tx) => {
       const rows = await tx
-        .select({ id: apiKeys.id, revokedAt: apiKeys.revokedAt })
+        .select({ id: apiKeys.id, revokedAt: apiKeys.revokedAt, expiresAt: apiKeys.expiresAt })
         .from(apiKeys)
         .where(and(eq(apiKeys.projectId, project.id), eq(apiKeys.id, id)))
         .for('update');
       const row = rows[0];
       if (!row) return false;
-      if (row.revokedAt) throw new RevokedKeyError();
+      if (row.revokedAt) throw new InactiveKeyError('revoked');
+      if (row.expiresAt && row.expiresAt.getTime() <= now.getTime()) {
+        throw new InactiveKeyError('expired');
+      }
       await tx
         .update(apiKeySecrets)
         .set({ validUntil: new Date(now.getTime() + opts.graceMs) })
@@ -174,9 +178,10 @@ export class KeyRepository {
   }
 }
 
-export class RevokedKeyError extends Error {
-  constructor() {
-    super('the key is revoked');
+/** The key can no longer change: it is revoked or expired (`status` says which). */
+export class InactiveKeyError extends Error {
+  constructor(readonly status: Exclude<KeyStatus, 'active'>) {
+    super(`the key is ${status}`);
   }
 }
 

@@ -1,8 +1,9 @@
 /**
  * Key lifecycle shared by the key management API and the operator API:
  * create (value shown once), rotate (new value shown once, the old one valid
- * for 24 hours, optional new scopes), revoke (permanent). Every change is
- * published so all router instances drop cached verifications.
+ * for 24 hours, optional new scopes; refused with 409 `invalid_state` once the
+ * key is revoked or expired), revoke (permanent). Every change is published so
+ * all router instances drop cached verifications.
  */
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
@@ -10,7 +11,7 @@ import { parseBody } from '../http/validate.js';
 import type { Clock } from '../runtime/clock.js';
 import type { InvalidationBus } from '../runtime/invalidation.js';
 import { publicKey, ROTATION_GRACE_MS, type PublicKey } from './record.js';
-import { RevokedKeyError, type KeyRepository } from './repository.js';
+import { InactiveKeyError, type KeyRepository } from './repository.js';
 import { createKeyBody } from './schemas.js';
 import { DEFAULT_SCOPES, SCOPES } from './scopes.js';
 
@@ -99,8 +100,9 @@ export class KeyService {
         new Date(now),
       );
     } catch (err) {
-      if (err instanceof RevokedKeyError) {
-        throw new ServiceError('invalid_state', { message: 'A revoked key cannot be rotated.' });
+      if (err instanceof InactiveKeyError) {
+        const which = err.status === 'revoked' ? 'A revoked' : 'An expired';
+        throw new ServiceError('invalid_state', { message: `${which} key cannot be rotated.` });
       }
       throw err;
     }

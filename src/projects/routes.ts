@@ -2,7 +2,8 @@
  * Project read routes under `/<project_id>/v1`: the model list and a model
  * record (scope `inference`), and the endpoint listing (any valid key of the
  * project). The endpoint-level `/<project_id>/<endpoint_slug>/v1/models` lets
- * SDK clients configured with an endpoint base URL call `models.list()`.
+ * SDK clients configured with an endpoint base URL call `models.list()`; a key
+ * bound to another endpoint gets 403 `endpoint_restricted` there.
  */
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { toEndpointRecord } from '../endpoints/repository.js';
@@ -45,12 +46,14 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       },
     );
 
-    // Model names may contain `/` (e.g. `org/model`), hence the wildcard.
+    // Model names may contain `/` (e.g. `org/model`), hence the wildcard. The
+    // router has already percent-decoded it: decoding again would turn `%25`
+    // into a malformed sequence (and a 500) and misread names containing `%`.
     app.get<{ Params: ProjectParams & { '*': string } }>(
       '/:projectId/v1/models/*',
       { preHandler: inference },
       async (request) => {
-        const name = decodeURIComponent(request.params['*']);
+        const name = request.params['*'];
         const m = await s.models.findByName(name);
         if (!m) {
           throw new ServiceError('model_not_found', {
@@ -79,6 +82,9 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
         const key = request.apiKey!;
         const e = await s.endpoints.get(key.projectId, request.params.endpointSlug);
         if (!e) throw new ServiceError('endpoint_not_found');
+        if (key.endpointId !== null && key.endpointId !== e.id) {
+          throw new ServiceError('endpoint_restricted');
+        }
         const m = await s.models.findById(e.modelId);
         return { object: 'list', data: m ? [modelEntry(m)] : [] };
       },

@@ -2,7 +2,10 @@
  * The webhook API (scope `management`, under the per-project management limit):
  * the spec's routes relative to `/<project_id>/<endpoint_slug>`, and the same
  * routes under `/<project_id>` (webhooks are project-wide: events are project
- * events; the endpoint-relative form only checks that the endpoint exists).
+ * events; the endpoint-relative form checks that the endpoint exists).
+ * A key bound to an endpoint (`endpointId`) gets 403 `endpoint_restricted` on
+ * another endpoint's path and on the project-level alias, which names no
+ * endpoint: it reaches webhooks only through its own endpoint's path.
  * Beyond the spec: delivery attempts and manual redelivery.
  */
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
@@ -22,13 +25,25 @@ export function webhookRoutes(s: Services): FastifyPluginAsync {
     app.addHook('preHandler', requireKey(s.verifier, 'management'));
     app.addHook('preHandler', async (request, reply) => {
       const { endpointSlug } = request.params as Params;
-      const projectId = request.apiKey!.projectId;
-      if (endpointSlug !== undefined && !(await s.resolveEndpoint(projectId, endpointSlug))) {
-        throw new ServiceError('endpoint_not_found', {
-          message: `No endpoint '${endpointSlug}' in this project.`,
+      const key = request.apiKey!;
+      if (endpointSlug !== undefined) {
+        const e = await s.resolveEndpoint(key.projectId, endpointSlug);
+        if (!e) {
+          throw new ServiceError('endpoint_not_found', {
+            message: `No endpoint '${endpointSlug}' in this project.`,
+          });
+        }
+        if (key.endpointId !== null && key.endpointId !== e.id) {
+          throw new ServiceError('endpoint_restricted');
+        }
+      } else if (key.endpointId !== null) {
+        throw new ServiceError('endpoint_restricted', {
+          message:
+            "A key bound to an endpoint manages webhooks only under that endpoint's path, " +
+            '/<project_id>/<endpoint_slug>/v1/webhooks.',
         });
       }
-      await s.limits.management(projectId, reply);
+      await s.limits.management(key.projectId, reply);
     });
 
     const pid = (r: FastifyRequest) => r.apiKey!.projectId;

@@ -84,13 +84,19 @@ export function publicEndpoint(w: EndpointRow) {
   };
 }
 
+/**
+ * The spec types `http_status` as integer and `response_body` as string: before
+ * the first attempt, and after one that got no response (network error,
+ * timeout), they are 0 and '' (as in the test-delivery result); `last_error`
+ * says why.
+ */
 export function publicDelivery(d: DeliveryRow) {
   return {
     id: d.id,
     object: 'webhook_delivery' as const,
     event_type: d.eventType,
-    http_status: d.httpStatus,
-    response_body: d.responseBody,
+    http_status: d.httpStatus ?? 0,
+    response_body: d.responseBody ?? '',
     status: d.status,
     attempt_count: d.attemptCount,
     created_at: unix(d.createdAt),

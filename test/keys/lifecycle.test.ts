@@ -128,6 +128,33 @@ describe('key management API', () => {
     assert.equal(got.body.status, 'expired');
   });
 
+  it('an expired key cannot be rotated: 409 invalid_state, as for a revoked key', async () => {
+    const c = await s.call('POST', keys(), {
+      key: mgmt,
+      body: { expiresAt: new Date(s.clock.now() + 5000).toISOString() },
+    });
+    const id = String(c.body.id);
+    const v = String(c.body.key);
+    // Until the instant of expiry it rotates.
+    s.clock.advance(4999);
+    const before = await s.call('POST', keys(`/${id}/rotate`), { key: mgmt, body: {} });
+    assert.equal(before.status, 200, before.text);
+    const current = String(before.body.key);
+    s.clock.advance(1);
+    const r = await s.call('POST', keys(`/${id}/rotate`), { key: mgmt, body: {} });
+    assert.equal(r.status, 409, r.text);
+    assert.equal(code(r), 'invalid_state');
+    assert.equal('key' in r.body, false);
+    // Nothing changed: same prefix and rotation time, no value works.
+    const got = await s.call('GET', keys(`/${id}`), { key: mgmt });
+    assert.equal(got.body.status, 'expired');
+    assert.equal(got.body.prefix, before.body.prefix);
+    assert.equal(got.body.rotatedAt, before.body.rotatedAt);
+    for (const value of [v, current]) {
+      assert.equal((await s.call('GET', models(), { key: value })).status, 401);
+    }
+  });
+
   it('IP allow and block lists, blocklist winning', async () => {
     const make = async (body: Record<string, unknown>) =>
       String((await s.call('POST', keys(), { key: mgmt, body })).body.key);

@@ -64,6 +64,22 @@ describe('project read routes', () => {
     assert.equal((missing.body.error as Record<string, unknown>).code, 'model_not_found');
   });
 
+  it('GET /<project_id>/v1/models/{model}: a percent-encoded or malformed name is a 404', async () => {
+    // `%25` is `%`: decoded once by the router, never a second time.
+    for (const name of ['%25', '%25zz', 'a%25b%2541', 'org%2Fnope', '%E0%A4%A', '%']) {
+      const r = await s.call('GET', `/${p.projectId}/v1/models/${name}`, { key: p.key });
+      assert.equal(r.status, 404, `${name}: ${r.text}`);
+      assert.deepEqual(validateErrorResponse(r.body), [], name);
+      assert.equal((r.body.error as Record<string, unknown>).code, 'model_not_found', name);
+      assert.match(String(r.headers['x-request-id']), /^req_[0-9a-f]{32}$/, name);
+    }
+    const encoded = await s.call('GET', `/${p.projectId}/v1/models/org%2Fshape-model`, {
+      key: p.key,
+    });
+    assert.equal(encoded.status, 200, encoded.text);
+    assert.equal(encoded.body.id, 'org/shape-model');
+  });
+
   it('the model routes need the inference scope', async () => {
     const k = await s.admin('POST', '/projects/shapes/keys', { scopes: ['management'] });
     const r = await s.call('GET', `/${p.projectId}/v1/models`, { key: String(k.body.key) });
@@ -121,6 +137,24 @@ describe('project read routes', () => {
     assert.equal(main.custom_domain, null);
     assert.equal(main.max_requests_per_minute, 128 + 64);
     assert.equal(main.provisioning_state, 'waiting_for_worker');
+  });
+
+  it("a key bound to an endpoint gets 403 endpoint_restricted on another endpoint's models", async () => {
+    const k = await s.admin('POST', '/projects/shapes/keys', {
+      scopes: ['inference'],
+      endpointId: p.endpointId,
+    });
+    assert.equal(k.status, 201, k.text);
+    const bound = String(k.body.key);
+    // `suspended` is another endpoint of the project (made above).
+    const r = await s.call('GET', `/${p.projectId}/suspended/v1/models`, { key: bound });
+    assert.equal(r.status, 403, r.text);
+    assert.deepEqual(validateErrorResponse(r.body), []);
+    assert.equal((r.body.error as Record<string, unknown>).code, 'endpoint_restricted');
+    const own = await s.call('GET', `/${p.projectId}/main/v1/models`, { key: bound });
+    assert.equal(own.status, 200, own.text);
+    const unbound = await s.call('GET', `/${p.projectId}/suspended/v1/models`, { key: p.key });
+    assert.equal(unbound.status, 200, unbound.text);
   });
 
   it('an endpoint-scoped base URL can list its model (SDK models.list())', async () => {
