@@ -17,6 +17,11 @@
  * pending → expired at the last stage's deadline (`exec.approval_timed_out`;
  *           the invocation is cancelled, error `approval_timed_out`)
  * Cancelling the invocation first expires the approval (no event).
+ *
+ * Deadlines are applied by the scheduler's sweep once per tick, and by every
+ * decision for its own approval before it is judged (same step, same events),
+ * so a decision made after a deadline but before the next tick sees the stage
+ * (or the expiry) the clock says, not the one the last tick left.
  */
 import { randomUUID } from 'node:crypto';
 import { and, desc, eq, lte } from 'drizzle-orm';
@@ -80,6 +85,12 @@ const listQuery = pageQuery.extend({
 });
 
 const rejectBody = z.object({ reason: z.string().max(2000).optional() }).strict();
+
+type Decision<T> =
+  | { kind: 'decided'; value: T }
+  | { kind: 'not_pending'; status: string }
+  | { kind: 'forbidden'; target: string }
+  | { kind: 'raced' };
 
 export class Approvals {
   constructor(
@@ -202,10 +213,9 @@ export class Approvals {
   }
 
   async approve(projectId: string, id: string, user: UserRef) {
-    const a = await this.decidable(projectId, id, user);
-    const now = new Date(this.ctx.clock.now());
-    const inv = await this.ctx.db.transaction(async (tx) => {
+    const inv = await this.decide(projectId, id, user, async (tx, a, now) => {
       const decided = await this.close(tx, a, 'accepted', now, { decidedBy: user.id });
+      if (!decided) return null;
       const [inv] = await tx.select().from(I).where(eq(I.id, a.invocationId));
       const queued = await move(tx, inv!, ['pending_approval'], {
         status: 'queued',
@@ -224,20 +234,18 @@ export class Approvals {
         },
         now,
       );
-      return queued;
+      return { queued };
     });
-    this.ctx.poke();
-    if (inv) await this.dispatchQueued(inv);
+    if (inv.queued) await this.dispatchQueued(inv.queued);
     return this.get(projectId, id);
   }
 
   async reject(projectId: string, id: string, user: UserRef, raw: unknown) {
     const body = parseBody(rejectBody, raw ?? {});
-    const a = await this.decidable(projectId, id, user);
-    const now = new Date(this.ctx.clock.now());
     const reason = body.reason ?? '';
-    await this.ctx.db.transaction(async (tx) => {
+    await this.decide(projectId, id, user, async (tx, a, now) => {
       const decided = await this.close(tx, a, 'rejected', now, { decidedBy: user.id, reason });
+      if (!decided) return null;
       const [inv] = await tx.select().from(I).where(eq(I.id, a.invocationId));
       await cancel(
         tx,
@@ -259,38 +267,84 @@ export class Approvals {
         },
         now,
       );
+      return {};
     });
-    this.ctx.poke();
     return this.get(projectId, id);
   }
 
-  /** 404, then 409 when not pending, then 403 when the user's role may not decide at this stage. */
-  private async decidable(projectId: string, id: string, user: UserRef): Promise<ApprovalRow> {
-    const a = await this.row(projectId, id);
-    if (a.status !== 'pending') {
-      throw new ServiceError('approval_not_pending', {
-        message: `The approval is already ${a.status}.`,
+  /**
+   * One decision, in one transaction: the stage moves already due are applied
+   * first (as the sweep would, with their events), so a decision never lands
+   * on a stage whose deadline has passed. Then 409 when not pending, 403 when
+   * the user's role may not decide at the (current) stage, else `apply`. Its
+   * `null` means the conditional close lost a race (another instance moved
+   * the stage meanwhile): the decision reads the approval again and re-checks
+   * instead of answering 409 for an approval that is still pending. 404 first.
+   */
+  private async decide<T>(
+    projectId: string,
+    id: string,
+    user: UserRef,
+    apply: (tx: Tx, a: ApprovalRow, now: Date) => Promise<T | null>,
+  ): Promise<T> {
+    const found = await this.row(projectId, id);
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const now = new Date(this.ctx.clock.now());
+      const out = await this.ctx.db.transaction(async (tx): Promise<Decision<T>> => {
+        const a = await this.catchUp(tx, found.id, now);
+        if (a.status !== 'pending') return { kind: 'not_pending', status: a.status };
+        const target = a.chain[a.stage]?.target ?? '';
+        if (!mayDecide(user.role, target)) return { kind: 'forbidden', target };
+        const done = await apply(tx, a, now);
+        return done === null ? { kind: 'raced' } : { kind: 'decided', value: done };
       });
+      // Stage moves may have committed whatever the outcome.
+      this.ctx.poke();
+      switch (out.kind) {
+        case 'decided':
+          return out.value;
+        case 'not_pending':
+          throw new ServiceError('approval_not_pending', {
+            message: `The approval is already ${out.status}.`,
+          });
+        case 'forbidden':
+          throw new ServiceError('insufficient_role', {
+            message: user.role
+              ? `Role '${user.role}' may not decide at this stage (target '${out.target}').`
+              : 'The user is not a member of this project.',
+          });
+        case 'raced':
+          continue;
+      }
     }
-    const target = a.chain[a.stage]?.target ?? '';
-    if (!mayDecide(user.role, target)) {
-      throw new ServiceError('insufficient_role', {
-        message: user.role
-          ? `Role '${user.role}' may not decide at this stage (target '${target}').`
-          : 'The user is not a member of this project.',
-      });
-    }
-    return a;
+    throw new ServiceError('unavailable', {
+      message: 'The approval is changing stage; retry.',
+      headers: { 'Retry-After': '1' },
+    });
   }
 
-  /** Conditional close; a lost race is `approval_not_pending`. */
+  /**
+   * The approval as of `now`: every stage deadline already passed is applied
+   * with the sweep's own step (`advance`), one stage at a time, each with its
+   * event. A step that finds the row moved by someone else just reads it again.
+   */
+  private async catchUp(tx: Tx, id: string, now: Date): Promise<ApprovalRow> {
+    for (;;) {
+      const [a] = await tx.select().from(P).where(eq(P.id, id));
+      if (!a) throw new ServiceError('approval_not_found', { param: 'approval_id' });
+      if (a.status !== 'pending' || a.stageDeadline.getTime() > now.getTime()) return a;
+      await this.advance(tx, a, now);
+    }
+  }
+
+  /** Conditional close: null when the approval is no longer pending at this stage. */
   private async close(
     tx: Tx,
     a: ApprovalRow,
-    status: 'accepted' | 'rejected' | 'expired',
+    status: 'accepted' | 'rejected',
     now: Date,
     extra: { decidedBy?: string; reason?: string } = {},
-  ): Promise<ApprovalRow> {
+  ): Promise<ApprovalRow | null> {
     const [row] = await tx
       .update(P)
       .set({
@@ -302,8 +356,7 @@ export class Approvals {
       })
       .where(and(eq(P.id, a.id), eq(P.status, 'pending'), eq(P.stage, a.stage)))
       .returning();
-    if (!row) throw new ServiceError('approval_not_pending');
-    return row;
+    return row ?? null;
   }
 
   /** The invocation was cancelled while waiting: its approval expires silently. */

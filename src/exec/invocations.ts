@@ -13,8 +13,10 @@
  * agent for a tool that runs at once → 503 `unavailable`, nothing stored).
  * Then: a `destructive` tool waits for approval (`pending_approval`,
  * `exec.approval_requested`); any other is queued and dispatched at once
- * (`exec.dispatched`). If the transport then refuses the dispatch, the
- * invocation fails (`unavailable`, `exec.failed`) and the answer is 503.
+ * (`exec.dispatched` once the transport accepts it). If the transport refuses
+ * the dispatch, the invocation fails (`unavailable`, `exec.failed`), its
+ * Idempotency-Key is released (it never reached an agent, so a retry with the
+ * same key and body runs anew) and the answer is 503.
  */
 import { randomUUID } from 'node:crypto';
 import { and, desc, eq, inArray, sql } from 'drizzle-orm';
@@ -186,12 +188,14 @@ export class Invocations {
       if (idempotencyKey !== undefined && isUniqueViolation(err)) {
         const prior = await this.replay(projectId, idempotencyKey, requestHash);
         if (prior) return { replayed: true, invocation: prior };
+        // The holder failed `unavailable` and released the key meanwhile.
+        throw unavailable('A request with this Idempotency-Key was just refused; retry.');
       }
       throw err;
     }
     this.ctx.poke();
     if (!destructive) {
-      const outcome = await this.dispatch(inv, target);
+      const outcome = await this.dispatch(inv, target, { releaseKey: true });
       if (outcome === 'failed') {
         throw unavailable('The agent could not accept the invocation; it was marked failed.');
       }
@@ -220,24 +224,63 @@ export class Invocations {
   }
 
   /**
-   * queued → dispatched (`exec.dispatched`), then the transport. A refusal
-   * fails the invocation (`unavailable`, `exec.failed`).
+   * queued → dispatched, then the transport; `exec.dispatched` only once the
+   * transport has accepted (spec: "forwarded to an execution agent"), in its
+   * own transaction: the agent's answer may be recorded first, as event order
+   * is not guaranteed. A refusal fails the invocation (`unavailable`,
+   * `exec.failed`) with no `exec.dispatched`; with `releaseKey` (the create
+   * request that is about to answer 503) it also frees its Idempotency-Key, so
+   * the client's retry with the same key runs instead of replaying the failure.
    */
   async dispatch(
     inv: InvocationRow,
     agent: Candidate,
+    opts: { releaseKey?: boolean } = {},
   ): Promise<'dispatched' | 'failed' | 'skipped'> {
     const t = this.ctx.transport();
     if (!t) return 'skipped';
     const now = new Date(this.ctx.clock.now());
-    const moved = await this.ctx.db.transaction(async (tx) => {
-      const m = await move(tx, inv, ['queued'], {
+    const moved = await this.ctx.db.transaction((tx) =>
+      move(tx, inv, ['queued'], {
         status: 'dispatched',
         agentId: agent.agentId,
         dispatchedAt: now,
         updatedAt: now,
+      }),
+    );
+    if (!moved) return 'skipped';
+    try {
+      await t.dispatch(agent.agentExternalId, {
+        invocationId: inv.externalId,
+        tool: inv.tool,
+        arguments: inv.arguments,
+        timeoutMs: inv.timeoutMs,
       });
-      if (!m) return null;
+    } catch (err) {
+      this.ctx.logger.warn(
+        { err, invocation: inv.externalId, agent: agent.agentExternalId },
+        'exec dispatch refused by the transport',
+      );
+      const at = new Date(this.ctx.clock.now());
+      await this.ctx.db.transaction(async (tx) => {
+        const failed = await fail(
+          tx,
+          moved,
+          ['dispatched'],
+          'unavailable',
+          'The agent could not be reached.',
+          at,
+        );
+        if (failed && opts.releaseKey && failed.idempotencyKey !== null) {
+          await tx.update(I).set({ idempotencyKey: null }).where(eq(I.id, failed.id));
+        }
+      });
+      this.ctx.poke();
+      return 'failed';
+    }
+    // Forwarded: whatever happened to the invocation since (a fast answer, a
+    // cancel), this is true and reported once, by the instance that moved it.
+    await this.ctx.db.transaction(async (tx) => {
       const [w] = await tx.select({ id: W.externalId }).from(W).where(eq(W.id, inv.workspaceId));
       await emit(
         tx,
@@ -251,32 +294,11 @@ export class Invocations {
           risk: inv.risk,
           dispatched_at: now.toISOString(),
         },
-        now,
+        new Date(this.ctx.clock.now()),
       );
-      return m;
     });
-    if (!moved) return 'skipped';
     this.ctx.poke();
-    try {
-      await t.dispatch(agent.agentExternalId, {
-        invocationId: inv.externalId,
-        tool: inv.tool,
-        arguments: inv.arguments,
-        timeoutMs: inv.timeoutMs,
-      });
-      return 'dispatched';
-    } catch (err) {
-      this.ctx.logger.warn(
-        { err, invocation: inv.externalId, agent: agent.agentExternalId },
-        'exec dispatch refused by the transport',
-      );
-      const at = new Date(this.ctx.clock.now());
-      await this.ctx.db.transaction((tx) =>
-        fail(tx, moved, ['dispatched'], 'unavailable', 'The agent could not be reached.', at),
-      );
-      this.ctx.poke();
-      return 'failed';
-    }
+    return 'dispatched';
   }
 
   /** Dispatches a queued invocation to a connected agent, if there is one now. */

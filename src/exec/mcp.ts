@@ -358,6 +358,11 @@ export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: Exec
     });
     reply.hijack();
     const raw = reply.raw;
+    // Hijacked: the headers set by the app's hooks (X-Request-ID, and HSTS in
+    // production) are not written by Fastify any more, so they are copied here.
+    for (const [name, value] of Object.entries(reply.getHeaders())) {
+      if (value !== undefined) raw.setHeader(name, value);
+    }
     raw.setHeader('x-request-id', request.id);
     raw.on('close', () => {
       void transport.close();

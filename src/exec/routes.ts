@@ -1,17 +1,24 @@
 /**
  * HTTP routes of the execution surface (reference: docs/EXEC.md).
- * - scope `management`, under `/<project_id>/v1`: join keys, agents, and the
- *   broker's public key and endpoints;
+ * - scope `management`, under `/<project_id>/v1`: join keys, agents;
  * - scope `execution`, under `/<project_id>/v1/exec`: tools catalog,
- *   workspaces, invocations, approvals (read);
+ *   workspaces, invocations, approvals (read), and the broker's public key and
+ *   endpoints (also open to `management` keys: see `brokerScope`);
  * - scope `execution`, `/<project_id>/v1/mcp`: the project's MCP server (mcp.ts);
  * - approval decisions (`…/approvals/{id}/approve|reject`) are authorised by a
  *   user token (`Authorization: Bearer swyu_…`) and the user's project role,
  *   not by an API key.
  */
-import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
+import type {
+  FastifyInstance,
+  FastifyPluginAsync,
+  FastifyRequest,
+  preHandlerAsyncHookHandler,
+} from 'fastify';
 import { ServiceError } from '../errors/index.js';
-import { requireKey } from '../http/auth.js';
+import { authenticateKey, requireKey } from '../http/auth.js';
+import { execErrorHandler } from '../http/errors.js';
+import type { KeyVerifier } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
 import { publicTool } from './catalog.js';
 import { mountMcp } from './mcp.js';
@@ -57,96 +64,140 @@ export function execRoutes(s: Services): FastifyPluginAsync {
     app.post<{ Params: P }>(`${base}/agents/:id/rotate_key`, management, async (r) =>
       m.rotateKey(pid(r), r.params.id, r.body),
     );
-    app.get(`${ex}/broker`, management, async () => {
-      const t = x.transport;
-      if (!t) {
-        throw new ServiceError('unavailable', {
-          message: 'The exec broker is not running on this router.',
-          headers: { 'Retry-After': '5' },
-        });
-      }
-      return {
-        object: 'exec.broker' as const,
-        server_public_key: t.serverPublicKey,
-        endpoints: { enroll: t.endpoints.enroll, agents: t.endpoints.agents },
-        lease_ms: x.ctx.settings.leaseMs,
-      };
-    });
-
     // Execution: the project's MCP server (Streamable HTTP, stateless).
     mountMcp(app, s.verifier, x);
 
-    // Execution: tools catalog.
-    app.get(`${ex}/tools`, execution, async (r) => ({
-      object: 'list' as const,
-      data: (await x.catalog.list(pid(r))).map(publicTool),
-    }));
-    app.get<{ Params: P & { name: string } }>(`${ex}/tools/:name`, execution, async (r) => {
-      const e = await x.catalog.get(pid(r), r.params.name);
-      if (!e) {
-        throw new ServiceError('exec_tool_not_found', {
-          message: `No online agent offers the tool '${r.params.name}'.`,
-          param: 'name',
-        });
-      }
-      return publicTool(e);
-    });
+    // `/<project_id>/v1/exec/…`, in a scope of its own for the surface's body rules.
+    await app.register(async (app) => {
+      execBodies(app);
 
-    // Execution: workspaces.
-    app.post(`${ex}/workspaces`, execution, async (r, reply) =>
-      reply.code(201).send(await x.workspaces.create(pid(r), r.body)),
-    );
-    app.get(`${ex}/workspaces`, execution, async (r) => x.workspaces.list(pid(r), r.query));
-    app.get<{ Params: P }>(`${ex}/workspaces/:id`, execution, async (r) =>
-      x.workspaces.get(pid(r), r.params.id),
-    );
+      app.get(`${ex}/broker`, { preHandler: brokerScope(s.verifier) }, async () => {
+        const t = x.transport;
+        if (!t) {
+          throw new ServiceError('unavailable', {
+            message: 'The exec broker is not running on this router.',
+            headers: { 'Retry-After': '5' },
+          });
+        }
+        return {
+          object: 'exec.broker' as const,
+          server_public_key: t.serverPublicKey,
+          endpoints: { enroll: t.endpoints.enroll, agents: t.endpoints.agents },
+          lease_ms: x.ctx.settings.leaseMs,
+        };
+      });
 
-    // Execution: invocations.
-    app.post(`${ex}/invocations`, execution, async (r, reply) => {
-      const raw = r.headers['idempotency-key'];
-      if (Array.isArray(raw)) {
-        throw new ServiceError('invalid_body', {
-          message: 'Send one Idempotency-Key header.',
-          param: 'Idempotency-Key',
-        });
-      }
-      const out = await x.invocations.create(pid(r), r.body, raw);
-      if (out.replayed) reply.header('Idempotent-Replayed', 'true');
-      return reply.code(out.replayed ? 200 : 201).send(out.invocation);
-    });
-    app.get(`${ex}/invocations`, execution, async (r) => x.invocations.list(pid(r), r.query));
-    app.get<{ Params: P }>(`${ex}/invocations/:id`, execution, async (r) =>
-      x.invocations.get(pid(r), r.params.id),
-    );
-    app.get<{ Params: P }>(`${ex}/invocations/:id/result`, execution, async (r) =>
-      x.invocations.result(pid(r), r.params.id),
-    );
-    app.post<{ Params: P }>(`${ex}/invocations/:id/cancel`, execution, async (r) =>
-      x.invocations.cancel(pid(r), r.params.id),
-    );
+      // Execution: tools catalog.
+      app.get(`${ex}/tools`, execution, async (r) => ({
+        object: 'list' as const,
+        data: (await x.catalog.list(pid(r))).map(publicTool),
+      }));
+      app.get<{ Params: P & { name: string } }>(`${ex}/tools/:name`, execution, async (r) => {
+        const e = await x.catalog.get(pid(r), r.params.name);
+        if (!e) {
+          throw new ServiceError('exec_tool_not_found', {
+            message: `No online agent offers the tool '${r.params.name}'.`,
+            param: 'name',
+          });
+        }
+        return publicTool(e);
+      });
 
-    // Execution: approvals.
-    app.get(`${ex}/approvals`, execution, async (r) => x.approvals.list(pid(r), r.query));
-    app.get<{ Params: P }>(`${ex}/approvals/:id`, execution, async (r) =>
-      x.approvals.get(pid(r), r.params.id),
-    );
-    const decider = async (r: FastifyRequest<{ Params: P }>) => {
-      const project = await s.projects.findByExternalId(r.params.projectId);
-      const user = await x.users.authenticate(r.headers.authorization, project?.id ?? null);
-      if (!project) {
-        throw new ServiceError('insufficient_role', {
-          message: 'The user is not a member of this project.',
-        });
-      }
-      return { projectId: project.id, user };
-    };
-    app.post<{ Params: P }>(`${ex}/approvals/:id/approve`, async (r) => {
-      const d = await decider(r);
-      return x.approvals.approve(d.projectId, r.params.id, d.user);
+      // Execution: workspaces.
+      app.post(`${ex}/workspaces`, execution, async (r, reply) =>
+        reply.code(201).send(await x.workspaces.create(pid(r), r.body)),
+      );
+      app.get(`${ex}/workspaces`, execution, async (r) => x.workspaces.list(pid(r), r.query));
+      app.get<{ Params: P }>(`${ex}/workspaces/:id`, execution, async (r) =>
+        x.workspaces.get(pid(r), r.params.id),
+      );
+
+      // Execution: invocations.
+      app.post(`${ex}/invocations`, execution, async (r, reply) => {
+        const raw = r.headers['idempotency-key'];
+        if (Array.isArray(raw)) {
+          throw new ServiceError('invalid_body', {
+            message: 'Send one Idempotency-Key header.',
+            param: 'Idempotency-Key',
+          });
+        }
+        const out = await x.invocations.create(pid(r), r.body, raw);
+        if (out.replayed) reply.header('Idempotent-Replayed', 'true');
+        return reply.code(out.replayed ? 200 : 201).send(out.invocation);
+      });
+      app.get(`${ex}/invocations`, execution, async (r) => x.invocations.list(pid(r), r.query));
+      app.get<{ Params: P }>(`${ex}/invocations/:id`, execution, async (r) =>
+        x.invocations.get(pid(r), r.params.id),
+      );
+      app.get<{ Params: P }>(`${ex}/invocations/:id/result`, execution, async (r) =>
+        x.invocations.result(pid(r), r.params.id),
+      );
+      app.post<{ Params: P }>(`${ex}/invocations/:id/cancel`, execution, async (r) =>
+        x.invocations.cancel(pid(r), r.params.id),
+      );
+
+      // Execution: approvals.
+      app.get(`${ex}/approvals`, execution, async (r) => x.approvals.list(pid(r), r.query));
+      app.get<{ Params: P }>(`${ex}/approvals/:id`, execution, async (r) =>
+        x.approvals.get(pid(r), r.params.id),
+      );
+      const decider = async (r: FastifyRequest<{ Params: P }>) => {
+        const project = await s.projects.findByExternalId(r.params.projectId);
+        const user = await x.users.authenticate(r.headers.authorization, project?.id ?? null);
+        if (!project) {
+          throw new ServiceError('insufficient_role', {
+            message: 'The user is not a member of this project.',
+          });
+        }
+        return { projectId: project.id, user };
+      };
+      app.post<{ Params: P }>(`${ex}/approvals/:id/approve`, async (r) => {
+        const d = await decider(r);
+        return x.approvals.approve(d.projectId, r.params.id, d.user);
+      });
+      app.post<{ Params: P }>(`${ex}/approvals/:id/reject`, async (r) => {
+        const d = await decider(r);
+        return x.approvals.reject(d.projectId, r.params.id, d.user, r.body);
+      });
     });
-    app.post<{ Params: P }>(`${ex}/approvals/:id/reject`, async (r) => {
-      const d = await decider(r);
-      return x.approvals.reject(d.projectId, r.params.id, d.user, r.body);
-    });
+  };
+}
+
+/**
+ * The execution surface's body rules (spec, execution-surface codes): a body
+ * that fails JSON decoding is `invalid_body`, not the inference API's
+ * `invalid_json`; and an empty body sent as `application/json` is `{}`, so the
+ * routes that take no body (cancel, approve) or only optional fields (reject,
+ * workspaces) accept what many clients send for a bodiless POST.
+ */
+function execBodies(app: FastifyInstance): void {
+  app.setErrorHandler(execErrorHandler);
+  const json = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser<string>(
+    'application/json',
+    { parseAs: 'string' },
+    (request, body, done) => {
+      if (body.length === 0) done(null, {});
+      else json(request, body, done);
+    },
+  );
+}
+
+/**
+ * The broker's public key and endpoints are on the `/v1/exec` surface, so the
+ * `execution` scope reads them (spec: scopes). `management` keys keep access:
+ * enrolling agents is a management task (join keys, agents), and whoever sets
+ * up an agent needs the broker's key next to the join key minted with that key.
+ */
+function brokerScope(verifier: KeyVerifier): preHandlerAsyncHookHandler {
+  return async (request) => {
+    const { projectId } = request.params as { projectId: string };
+    const key = await authenticateKey(verifier, request, projectId, null);
+    if (!key.scopes.includes('execution') && !key.scopes.includes('management')) {
+      throw new ServiceError('scope_insufficient', {
+        message: "This route requires the 'execution' scope.",
+      });
+    }
   };
 }

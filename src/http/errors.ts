@@ -7,7 +7,14 @@ import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import { isDatabaseUnavailable } from '../store/index.js';
 
-export function toServiceError(err: unknown): ServiceError {
+/**
+ * The code of a body that fails JSON decoding: `invalid_json` on the inference
+ * API (deliberately, as its clients expect), `invalid_body` on the execution
+ * surface, whose code table folds decoding into `invalid_body`.
+ */
+export type BadJsonCode = 'invalid_json' | 'invalid_body';
+
+export function toServiceError(err: unknown, badJson: BadJsonCode = 'invalid_json'): ServiceError {
   if (err instanceof ServiceError) return err;
   const fe = err as Partial<FastifyError> & { statusCode?: number };
   switch (fe.code) {
@@ -16,16 +23,16 @@ export function toServiceError(err: unknown): ServiceError {
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
       return new ServiceError('unsupported_media_type');
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
-      return new ServiceError('invalid_json', { message: 'The request body is empty.' });
+      return new ServiceError(badJson, { message: 'The request body is empty.' });
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
       return new ServiceError('invalid_body', { message: 'Invalid Content-Length.' });
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
-      return new ServiceError('invalid_json');
+      return new ServiceError(badJson, { message: 'The request body is not valid JSON.' });
     default:
       break;
   }
   if (err instanceof SyntaxError || (fe.statusCode === 400 && /JSON/i.test(fe.message ?? ''))) {
-    return new ServiceError('invalid_json', {
+    return new ServiceError(badJson, {
       message: 'The request body is not valid JSON.',
     });
   }
@@ -53,7 +60,21 @@ export function sendError(reply: FastifyReply, err: ServiceError): FastifyReply 
 }
 
 export function errorHandler(err: unknown, request: FastifyRequest, reply: FastifyReply): void {
-  const se = toServiceError(err);
+  handle(err, request, reply, 'invalid_json');
+}
+
+/** The error handler of the execution surface's routes (`/<project_id>/v1/exec/…`). */
+export function execErrorHandler(err: unknown, request: FastifyRequest, reply: FastifyReply): void {
+  handle(err, request, reply, 'invalid_body');
+}
+
+function handle(
+  err: unknown,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  badJson: BadJsonCode,
+): void {
+  const se = toServiceError(err, badJson);
   if (se.status >= 500) {
     request.log.error({ err, code: se.code }, 'request failed');
   }

@@ -6,7 +6,11 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { eq } from 'drizzle-orm';
+import type { Tx } from '../../src/events/outbox.js';
+import type { ApprovalRow } from '../../src/exec/records.js';
 import { verifyApprovalRequestedSignature } from '../../src/exec/signature.js';
+import { tables } from '../../src/store/index.js';
 import { signPayload } from '../../src/webhooks/signing.js';
 import { http, drivers, startTestServer, type Res, type TestServer } from '../support/harness.js';
 import {
@@ -19,6 +23,9 @@ import {
   workspace,
   type ExecProject,
 } from './support.js';
+
+/** Approvals' conditional close (private), replaced in the race test. */
+type Close = (tx: Tx, a: ApprovalRow, ...rest: unknown[]) => Promise<unknown>;
 
 for (const driver of drivers()) {
   describe(`exec approvals ({driver})`, () => {
@@ -174,6 +181,25 @@ for (const driver of drivers()) {
       expectError(await decide(app, 'approve', 'owner'), 409, 'approval_not_pending');
     });
 
+    it('decision bodies: an empty application/json body is {}; JSON that fails decoding is invalid_body', async () => {
+      const raw = (id: string, action: string, rawBody: string) =>
+        http('POST', `${s.url}${base()}/approvals/${id}/${action}`, {
+          auth: `Bearer ${users.owner!.token}`,
+          rawBody,
+          headers: { 'content-type': 'application/json' },
+        });
+      const first = await request();
+      expectError(await raw(first.app, 'reject', '{"reason":'), 400, 'invalid_body');
+      const ok = await raw(first.app, 'approve', '');
+      assert.equal(ok.status, 200, ok.text);
+      assert.equal(ok.body.status, 'accepted');
+      await call('POST', `/invocations/${first.inv}/cancel`);
+      const second = await request();
+      const no = await raw(second.app, 'reject', '');
+      assert.equal(no.status, 200, no.text);
+      assert.equal(no.body.status, 'rejected');
+    });
+
     it('decision auth: authentication_required, invalid_user_token, insufficient_role, approval_not_found', async () => {
       const { inv, app } = await request();
       expectError(await decide(app, 'approve', null), 401, 'authentication_required', {
@@ -240,6 +266,118 @@ for (const driver of drivers()) {
       assert.equal(got.body.status, 'cancelled');
       assert.deepEqual((got.body.error as Record<string, unknown>).code, 'approval_timed_out');
       expectError(await decide(app, 'approve', 'owner'), 409, 'approval_not_pending');
+    });
+
+    it('a decision past the stage deadline, before any tick, is judged at the next stage (escalation applied first)', async () => {
+      const { inv, app } = await request();
+      s.clock.advance(900_000); // stage 1's deadline; no tick
+      expectError(await decide(app, 'approve', 'approver'), 403, 'insufficient_role');
+      const esc = (await events(s, p.projectUuid, 'exec.approval_escalated')).filter(
+        (x) => x.data.approval_id === app,
+      );
+      assert.deepEqual(
+        esc.map((x) => x.data),
+        [
+          {
+            invocation_id: inv,
+            approval_id: app,
+            stage: '2',
+            target: 'project-admins',
+            escalated_at: nowIso(),
+          },
+        ],
+      );
+      const a = await call('GET', `/approvals/${app}`);
+      assert.equal(a.body.status, 'pending');
+      assert.equal(a.body.stage, 2);
+      // The next sweep finds nothing more to do for it.
+      await s.services.exec.tick();
+      assert.equal(
+        (await events(s, p.projectUuid, 'exec.approval_escalated')).filter(
+          (x) => x.data.approval_id === app,
+        ).length,
+        1,
+      );
+      const ok = await decide(app, 'reject', 'admin', { reason: 'late' });
+      assert.equal(ok.status, 200, ok.text);
+      assert.equal(ok.body.status, 'rejected');
+    });
+
+    it('a decision past the last deadline, before any tick: expired (exec.approval_timed_out), then approval_not_pending', async () => {
+      t.dispatched = [];
+      const { inv, app } = await request();
+      s.clock.advance(1_800_000); // both stages; no tick
+      const e = expectError(await decide(app, 'approve', 'owner'), 409, 'approval_not_pending');
+      assert.match(String(e.message), /expired/);
+      const mine = (await events(s, p.projectUuid)).filter((x) => x.data.approval_id === app);
+      assert.deepEqual(
+        mine.map((x) => x.type),
+        ['exec.approval_requested', 'exec.approval_escalated', 'exec.approval_timed_out'],
+      );
+      assert.deepEqual(mine[2]!.data, {
+        invocation_id: inv,
+        approval_id: app,
+        timed_out_at: nowIso(),
+      });
+      assert.equal((await call('GET', `/approvals/${app}`)).body.status, 'expired');
+      const got = await call('GET', `/invocations/${inv}`);
+      assert.equal(got.body.status, 'cancelled');
+      assert.equal((got.body.error as Record<string, unknown>).code, 'approval_timed_out');
+      assert.deepEqual(t.dispatched, [], 'never ran');
+      expectError(await decide(app, 'reject', 'owner'), 409, 'approval_not_pending');
+      await s.services.exec.tick();
+      assert.equal(
+        (await events(s, p.projectUuid, 'exec.approval_timed_out')).filter(
+          (x) => x.data.approval_id === app,
+        ).length,
+        1,
+        'reported once',
+      );
+    });
+
+    it('a decision that loses a race with an escalation re-reads the approval and decides at the new stage', async () => {
+      const { inv, app } = await request();
+      // Another instance's sweep escalates between the decision's read and its
+      // conditional close (simulated in the decision's own transaction).
+      const ap = s.services.exec.approvals as unknown as { close: Close };
+      const original = ap.close;
+      let raced = false;
+      ap.close = async function (this: unknown, tx, a, ...rest) {
+        if (!raced) {
+          raced = true;
+          await tx
+            .update(tables.approvals)
+            .set({ stage: a.stage + 1, stageDeadline: new Date(s.clock.now() + 900_000) })
+            .where(eq(tables.approvals.id, a.id));
+        }
+        return original.call(this, tx, a, ...rest);
+      };
+      try {
+        const r = await decide(app, 'approve', 'owner');
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.body.status, 'accepted');
+        assert.equal(r.body.stage, 2);
+        assert.equal(raced, true);
+      } finally {
+        ap.close = original;
+      }
+      await call('POST', `/invocations/${inv}/cancel`);
+      const again = await request();
+      ap.close = async function (this: unknown, tx, a, ...rest) {
+        ap.close = original;
+        await tx
+          .update(tables.approvals)
+          .set({ stage: a.stage + 1, stageDeadline: new Date(s.clock.now() + 900_000) })
+          .where(eq(tables.approvals.id, a.id));
+        return original.call(this, tx, a, ...rest);
+      };
+      try {
+        // Re-checked at the new stage: an approver may no longer decide.
+        expectError(await decide(again.app, 'approve', 'approver'), 403, 'insufficient_role');
+      } finally {
+        ap.close = original;
+      }
+      await call('POST', `/invocations/${again.inv}/cancel`);
     });
 
     it('the chain is a project setting (operator API); a late sweep reports every stage', async () => {

@@ -365,12 +365,6 @@ for (const driver of drivers()) {
           param: 'surprise',
         },
       );
-      const raw = await http('POST', `${s.url}${base()}/invocations`, {
-        auth: `Bearer ${p.exec}`,
-        rawBody: '{"tool":',
-        headers: { 'content-type': 'application/json' },
-      });
-      assert.equal(raw.status, 400);
       const nf = expectError(
         await create({ tool: 'ghost', workspace_id: ws }),
         400,
@@ -386,6 +380,50 @@ for (const driver of drivers()) {
         arguments: { path: 'x'.repeat(5 * 1024 * 1024) },
       });
       expectError(big, 413, 'payload_too_large');
+    });
+
+    it('bodies: JSON that fails decoding is invalid_body (the inference API keeps invalid_json); an empty JSON body is {}', async () => {
+      const json = { 'content-type': 'application/json' };
+      for (const rawBody of ['{"tool":', '{', 'nul', '{"__proto__": {"x": 1}}']) {
+        const r = await http('POST', `${s.url}${base()}/invocations`, {
+          auth: `Bearer ${p.exec}`,
+          rawBody,
+          headers: json,
+        });
+        expectError(r, 400, 'invalid_body', { type: 'invalid_request_error' });
+        assert.match(String((r.body.error as Record<string, unknown>).message), /JSON/);
+      }
+      const ws2 = await http('POST', `${s.url}${base()}/workspaces`, {
+        auth: `Bearer ${p.exec}`,
+        rawBody: '[1,',
+        headers: { 'content-type': 'application/json; charset=utf-8' },
+      });
+      expectError(ws2, 400, 'invalid_body');
+      // Elsewhere the code stays invalid_json.
+      const chat = await http('POST', `${s.url}/${p.projectId}/main/v1/chat/completions`, {
+        auth: `Bearer ${p.inference}`,
+        rawBody: '{"model":',
+        headers: json,
+      });
+      expectError(chat, 400, 'invalid_json');
+
+      // Cancel takes no body; clients that send Content-Type: application/json with
+      // an empty one get the same answer as without.
+      const r = await create({ tool: 'run', arguments: { path: '/' }, workspace_id: ws });
+      const c = await http('POST', `${s.url}${base()}/invocations/${String(r.body.id)}/cancel`, {
+        auth: `Bearer ${p.exec}`,
+        rawBody: '',
+        headers: json,
+      });
+      assert.equal(c.status, 200, c.text);
+      assert.equal(c.body.status, 'cancelled');
+      // An empty create body is an empty object: the first missing field answers.
+      const empty = await http('POST', `${s.url}${base()}/invocations`, {
+        auth: `Bearer ${p.exec}`,
+        rawBody: '',
+        headers: json,
+      });
+      expectError(empty, 400, 'missing_workspace_id');
     });
 
     it('invocation_not_found for unknown and cross-project ids (never 403)', async () => {
@@ -452,14 +490,11 @@ for (const driver of drivers()) {
       let e = expectError(await create(body), 503, 'unavailable');
       assert.equal(e.type, 'server_error');
       t.connected.add(agent);
-      // The transport refuses after the invocation was stored: it fails with exec.failed.
+      // The transport refuses after the invocation was stored: it fails with exec.failed
+      // (covered with its events and the retry below).
       t.refuse = true;
-      const refused = expectError(await create(body, 'refused-1'), 503, 'unavailable');
-      assert.ok(refused);
+      expectError(await create(body), 503, 'unavailable');
       t.refuse = false;
-      const stored = await create(body, 'refused-1');
-      assert.equal(stored.body.status, 'failed');
-      assert.deepEqual((stored.body.error as Record<string, unknown>).code, 'unavailable');
       // Five non-terminal invocations is this suite's cap.
       const ids: string[] = [];
       for (let i = 0; i < 5; i++) ids.push(String((await create(body)).body.id));
@@ -469,6 +504,80 @@ for (const driver of drivers()) {
       await drain();
       assert.equal((await create(body)).status, 201);
       await drain();
+    });
+
+    it('transport refusal: exec.failed without exec.dispatched; a retry with the same Idempotency-Key runs anew', async () => {
+      await drain();
+      const body = { tool: 'run', arguments: { path: '/retry' }, workspace_id: ws };
+      t.refuse = true;
+      const refused = await create(body, 'refused-1');
+      expectError(refused, 503, 'unavailable');
+      assert.equal(refused.headers['retry-after'], '1');
+      t.refuse = false;
+      const list = await call('GET', '/invocations?tool=run&status=failed&limit=100');
+      const failed = (list.body.data as Array<Record<string, unknown>>).find(
+        (i) => (i.arguments as Record<string, unknown>).path === '/retry',
+      )!;
+      assert.equal((failed.error as Record<string, unknown>).code, 'unavailable');
+      assert.equal(failed.idempotency_key, null, 'the key was released');
+      const about = async (id: unknown) =>
+        (await events(s, p.projectUuid))
+          .filter((e) => e.data.invocation_id === id)
+          .map((e) => e.type);
+      // Never forwarded to an agent: no exec.dispatched.
+      assert.deepEqual(await about(failed.id), ['exec.failed']);
+
+      // 503 is retryable: the same key and body now run (201), not replay the failure.
+      t.dispatched = [];
+      const retry = await create(body, 'refused-1');
+      assert.equal(retry.status, 201, retry.text);
+      assert.equal(retry.headers['idempotent-replayed'], undefined);
+      assert.notEqual(retry.body.id, failed.id);
+      assert.equal(retry.body.status, 'dispatched');
+      assert.equal(retry.body.idempotency_key, 'refused-1');
+      assert.equal(t.dispatched[0]?.req.invocationId, retry.body.id);
+      assert.deepEqual(await about(retry.body.id), ['exec.dispatched']);
+      // From now on the key is bound to the invocation that ran.
+      const replay = await create(body, 'refused-1');
+      assert.equal(replay.status, 200, replay.text);
+      assert.equal(replay.headers['idempotent-replayed'], 'true');
+      assert.equal(replay.body.id, retry.body.id);
+      expectError(
+        await create({ ...body, arguments: { path: '/other' } }, 'refused-1'),
+        409,
+        'exec_idempotency_conflict',
+      );
+      await drain();
+    });
+
+    it('a refused dispatch after approval emits exec.failed, no exec.dispatched; its key stays bound', async () => {
+      await drain();
+      const u = await s.admin('POST', '/users', { name: 'o', email: 'owner@inv.example.com' });
+      await s.admin('POST', `/projects/${p.slug}/members`, { user_id: u.body.id, role: 'owner' });
+      const body = { tool: 'rm', arguments: { path: '/x' }, workspace_id: ws };
+      const r = await create(body, 'approved-refused');
+      assert.equal(r.body.status, 'pending_approval');
+      const id = String(r.body.id);
+      t.refuse = true;
+      const ok = await http(
+        'POST',
+        `${s.url}${base()}/approvals/${String(r.body.approval_id)}/approve`,
+        { auth: `Bearer ${String(u.body.token)}` },
+      );
+      t.refuse = false;
+      assert.equal(ok.status, 200, ok.text);
+      const got = await call('GET', `/invocations/${id}`);
+      assert.equal(got.body.status, 'failed');
+      assert.equal((got.body.error as Record<string, unknown>).code, 'unavailable');
+      // Its creation answered 201: a replay still finds it.
+      assert.equal(got.body.idempotency_key, 'approved-refused');
+      const replay = await create(body, 'approved-refused');
+      assert.equal(replay.status, 200, replay.text);
+      assert.equal(replay.body.id, id);
+      const types = (await events(s, p.projectUuid))
+        .filter((e) => e.data.invocation_id === id)
+        .map((e) => e.type);
+      assert.deepEqual(types, ['exec.approval_requested', 'exec.approved', 'exec.failed']);
     });
 
     it('operator maintenance: force-fail; already_terminal 400 when terminal', async () => {

@@ -1,7 +1,8 @@
 /**
  * The management side (scope `management`): join keys (secret once, list,
  * revoke), agents (list, get, update, soft delete, key rotation), the broker
- * endpoint, with their `join_key.*` / `agent.*` events.
+ * endpoint (scope `execution`, or `management`), with their `join_key.*` /
+ * `agent.*` events.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -215,12 +216,34 @@ for (const driver of drivers()) {
     });
 
     it('scope_insufficient for keys without management', async () => {
-      for (const path of ['/join_keys', '/agents', '/exec/broker']) {
+      for (const path of ['/join_keys', '/agents']) {
         expectError(await call('GET', path, undefined, p.exec), 403, 'scope_insufficient', {
           type: 'authentication_error',
         });
       }
       expectError(await call('GET', '/agents', undefined, other.mgmt), 403, 'cross_project_access');
+    });
+
+    it('broker endpoint is on the /v1/exec surface: execution scope (management kept); others scope_insufficient', async () => {
+      s.services.exec.setTransport(t);
+      for (const key of [p.exec, p.mgmt]) {
+        const r = await call('GET', '/exec/broker', undefined, key);
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.body.server_public_key, t.serverPublicKey);
+      }
+      const e = expectError(
+        await call('GET', '/exec/broker', undefined, p.inference),
+        403,
+        'scope_insufficient',
+        { type: 'authentication_error' },
+      );
+      assert.match(String(e.message), /'execution'/);
+      expectError(
+        await call('GET', '/exec/broker', undefined, other.exec),
+        403,
+        'cross_project_access',
+      );
+      expectError(await s.call('GET', `/${p.projectId}/v1/exec/broker`), 401, 'missing_api_key');
     });
 
     it('operator API: users (token once, unique e-mail), members (role upsert), user_not_found', async () => {

@@ -6,7 +6,8 @@
  * cancel, approvals), a catalog tool called by name, `tool_not_mcp_visible`
  * both ways, tool errors carrying the HTTP surface's codes, and 403
  * `scope_insufficient` with `type: authentication_error` for a key without
- * the `execution` scope. One suite calls a tool on a real `switchyard agent`.
+ * the `execution` scope, and the app's headers (HSTS in production) on its
+ * hijacked replies. One suite calls a tool on a real `switchyard agent`.
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -15,6 +16,8 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import type { FastifyInstance } from 'fastify';
+import { buildApp } from '../../src/http/app.js';
 import { startTestServer, http, type TestServer } from '../support/harness.js';
 import { AutoTransport, startRealAgent, type RealAgent } from './agents.js';
 import {
@@ -280,6 +283,51 @@ describe('MCP server (fake transport)', () => {
       assert.equal(r.status, 405);
       assert.equal(r.headers.allow, 'POST');
     }
+  });
+});
+
+describe('MCP server in production', () => {
+  let s: TestServer;
+  let p: ExecProject;
+  let prod: FastifyInstance;
+  let prodUrl: string;
+  before(async () => {
+    s = await startTestServer();
+    p = await seedExecProject(s, 'mcp-prod');
+    // The same services served in production mode, behind a trusted TLS proxy
+    // (so the test's plain HTTP with X-Forwarded-Proto: https is accepted).
+    const config = { ...s.services.config, env: 'production' as const };
+    prod = await buildApp({ ...s.services, config: { ...config, trustedProxies: ['127.0.0.1'] } });
+    await prod.listen({ port: 0, host: '127.0.0.1' });
+    const addr = prod.server.address();
+    assert.ok(addr && typeof addr !== 'string');
+    prodUrl = `http://127.0.0.1:${addr.port}`;
+  });
+  after(async () => {
+    await prod?.close();
+    await s.close();
+  });
+
+  it('answers carry the app’s headers (Strict-Transport-Security, X-Request-ID) though the reply is hijacked', async () => {
+    const r = await http('POST', `${prodUrl}/${p.projectId}/v1/mcp`, {
+      auth: `Bearer ${p.exec}`,
+      body: {
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'initialize',
+        params: {
+          protocolVersion: '2025-06-18',
+          capabilities: {},
+          clientInfo: { name: 'x', version: '1' },
+        },
+      },
+      headers: { accept: 'application/json, text/event-stream', 'x-forwarded-proto': 'https' },
+    });
+    assert.equal(r.status, 200, r.text);
+    assert.ok((r.body.result as Record<string, unknown>).serverInfo, r.text);
+    assert.equal(r.headers['strict-transport-security'], 'max-age=31536000; includeSubDomains');
+    assert.match(String(r.headers['x-request-id']), /^req_[0-9a-f]{32}$/);
+    assert.match(String(r.headers['content-type']), /^application\/json/);
   });
 });
 
