@@ -82,7 +82,8 @@ export const ACTIVE_PAYLOADS = {
     enrolled_at: iso,
   }),
   'exec.agent_offline': z.object({
-    invocation_id: id('inv'),
+    // '' when the agent had nothing in flight (one event per agent, not per invocation).
+    invocation_id: z.union([id('inv'), z.literal('')]),
     agent_id: id('agt'),
     reason: z.string(),
     detected_at: iso,

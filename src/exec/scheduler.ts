@@ -93,6 +93,23 @@ export class Scheduler {
           .select()
           .from(I)
           .where(and(eq(I.agentId, a.id), inArray(I.status, [...IN_FLIGHT])));
+        if (inflight.length === 0) {
+          // The spec's transition (enrolled → offline) always emits
+          // exec.agent_offline; with nothing in flight there is no invocation to
+          // name, so `invocation_id` is the empty string (still a string).
+          await emit(
+            tx,
+            a.projectId,
+            'exec.agent_offline',
+            {
+              invocation_id: '',
+              agent_id: a.externalId,
+              reason: 'lease_expired',
+              detected_at: now.toISOString(),
+            },
+            now,
+          );
+        }
         for (const inv of inflight) {
           await emit(
             tx,

@@ -355,5 +355,24 @@ for (const driver of drivers()) {
       assert.equal(got.body.status, 'enrolled');
       assert.equal(await x().renew('agt_0000'), null);
     });
+
+    it('an idle agent whose lease expires: one exec.agent_offline with an empty invocation_id', async () => {
+      const a = await enrollAgent(s, p, { name: 'idler', tools: [tool('idle.run')], transport: t });
+      s.clock.advance(30_001);
+      await x().tick();
+      await x().tick(); // a second pass emits nothing more
+      const got = await s.call('GET', `/${p.projectId}/v1/agents/${a.agentId}`, { key: p.mgmt });
+      assert.equal(got.body.status, 'offline');
+      const offline = (await events(s, p.projectUuid, 'exec.agent_offline')).filter(
+        (e) => e.data.agent_id === a.agentId,
+      );
+      assert.equal(offline.length, 1);
+      assert.deepEqual(offline[0]!.data, {
+        invocation_id: '',
+        agent_id: a.agentId,
+        reason: 'lease_expired',
+        detected_at: new Date(s.clock.now()).toISOString(),
+      });
+    });
   });
 }
