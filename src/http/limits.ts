@@ -89,8 +89,23 @@ export function rateHeaders(d: Decision): RateHeaders {
 }
 
 export function rateLimited(d: Decision, headers: RateHeaders, message: string): ServiceError {
-  const retryAfter = Math.max(1, Math.ceil(d.retryAfterMs / 1000));
-  return new ServiceError('rate_limit_exceeded', {
+  return tooManyRequests('rate_limit_exceeded', Math.ceil(d.retryAfterMs / 1000), message, headers);
+}
+
+/**
+ * A 429 as the spec's envelope requires every 429 to be: `Retry-After` (whole
+ * seconds, at least 1) and, inside the error object, the same `retry_after` and a
+ * `retry_strategy`. The rate limits and the inference path's capacity errors both
+ * build theirs here so the two cannot drift apart.
+ */
+export function tooManyRequests(
+  code: 'rate_limit_exceeded' | 'capacity_exceeded',
+  retryAfterSeconds: number,
+  message: string,
+  headers: RateHeaders = {},
+): ServiceError {
+  const retryAfter = Math.max(1, Math.ceil(retryAfterSeconds));
+  return new ServiceError(code, {
     message,
     headers: { ...headers, 'Retry-After': String(retryAfter) },
     extra: {
@@ -98,7 +113,8 @@ export function rateLimited(d: Decision, headers: RateHeaders, message: string):
       retry_strategy: {
         type: 'exponential_backoff',
         initial_delay_ms: retryAfter * 1000,
-        max_delay_ms: 60_000,
+        // Never below the first delay: a quota window or a worker may ask for more than a minute.
+        max_delay_ms: Math.max(60_000, retryAfter * 1000),
         multiplier: 2,
         jitter: true,
       },

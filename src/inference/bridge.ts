@@ -72,6 +72,8 @@ export interface BridgeRun {
   ctx: ReframeContext;
   tier: Tier;
   startedAt: number;
+  /** What is left of the tier's deadline (ms): the router's queue may have spent some. */
+  deadlineMs: number;
   reply: FastifyReply;
   /** Open streams, cancelled at the end of a shutdown's drain period. */
   streams: Set<() => void>;
@@ -223,7 +225,7 @@ export class ToolBridge {
 
   constructor(private readonly r: BridgeRun) {
     const idleMs = r.req.reasoningEffort ? r.tier.requestDeadlineMs : r.tier.idleTimeoutMs;
-    this.bound = new Deadline(r.clock, this.abort, r.tier.requestDeadlineMs, idleMs, false);
+    this.bound = new Deadline(r.clock, this.abort, r.deadlineMs, idleMs, false);
   }
 
   async run(): Promise<void> {

@@ -7,34 +7,42 @@
  * timeout) → the spec's response shapes → usage record (batched).
  *
  * Timeouts come from the endpoint's tier (the `tiers` table) and run on the
- * injected clock. Non-streaming past the deadline: 408 `request_timeout`
- * (type `timeout_error`). Streaming: the deadline bounds the wait for the first
- * generated token (reasoning included), the idle timeout every gap after it
- * (each tier's idle timeout is longer than its deadline, so a deadline on the
- * whole stream would make the idle timeout unreachable); either one ends the
- * stream with an SSE `error` event with `type: timeout_error`. With
- * `reasoning_effort` the idle timeout equals the deadline. Every timeout, and a
- * client that goes away, aborts the upstream request at once.
+ * injected clock. The deadline counts from the request's start, so a wait in the
+ * router's queue spends it and the worker gets only what is left; a deadline that
+ * passes in the queue is a timeout like any other, not a 429. Non-streaming past
+ * the deadline: 408 `request_timeout` (type `timeout_error`). Streaming: the
+ * deadline bounds the wait for the first generated token (reasoning included),
+ * the idle timeout every gap after it (each tier's idle timeout is longer than
+ * its deadline, so a deadline on the whole stream would make the idle timeout
+ * unreachable); either one ends the stream with an SSE `error` event with
+ * `type: timeout_error`. With `reasoning_effort` the idle timeout equals the
+ * deadline. Every timeout, and a client that goes away, aborts the upstream
+ * request at once.
  *
  * An engine that still rejects the clamped value with its exact token-count
  * error gets one retry with the value it says fits.
+ *
+ * A worker that answers 429 is saturated, not broken: the request goes to another
+ * worker of the pool as on a failure before the first byte (its breaker untouched);
+ * with none free, the client gets 429 `capacity_exceeded` with the worker's
+ * `Retry-After`. Every 429 carries `retry_after` and `retry_strategy` (http/limits.ts).
  *
  * `x_exec: true` (scope `execution` too) hands the rounds to the tool bridge
  * (bridge.ts), which reuses this module's upstream path and usage record.
  */
 import type { Span, Tracing } from '../runtime/tracing.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import { costMicrocents, type BillingGate } from '../billing/gate.js';
 import type { UsageRecorder } from '../billing/usage-recorder.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import type { ExecService } from '../exec/service.js';
 import { authenticateKey } from '../http/auth.js';
-import type { Limits } from '../http/limits.js';
+import { tooManyRequests, type Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
 import { renderForIndex } from '../routing/prefix-index.js';
-import type { Lease, RouteHints, WorkerPool } from '../routing/pool.js';
+import type { AdmitFailure, Lease, RouteHints, WorkerPool } from '../routing/pool.js';
 import type { WorkerRecord } from '../routing/registry.js';
 import { parseServiceTier, parseSloHeaders, type SloTargets } from '../routing/slo.js';
 import type { Metrics } from '../runtime/metrics.js';
@@ -105,6 +113,8 @@ const ROUTER_ONLY_FIELDS = [
 
 const PRIORITY_MULTIPLIER = 1.25;
 
+const SATURATED = 'Every worker of this endpoint is saturated; retry shortly.';
+
 type Outcome = 'completed' | 'error' | 'timeout' | 'cancelled';
 
 function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Record<string, unknown> {
@@ -112,6 +122,10 @@ function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Recor
   for (const f of ROUTER_ONLY_FIELDS) delete body[f];
   body.model = model;
   body.max_tokens = maxTokens;
+  // The spec's defaults (0.7, 0.9) for an omitted or null value, sent explicitly:
+  // vLLM, SGLang or llama.cpp would otherwise sample with their own.
+  body.temperature = req.temperature;
+  body.top_p = req.topP;
   if (req.stream) {
     // Usage is always tracked for billing, whatever the client asked for.
     body.stream_options = { include_usage: true };
@@ -195,6 +209,8 @@ export class ChatCompletions {
 
   private serve = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const d = this.d;
+    // The tier deadline runs from here: time in the router's queue is the client's time too.
+    const startedAt = d.clock.now();
     const { projectId, endpointSlug } = request.params as {
       projectId: string;
       endpointSlug: string;
@@ -259,7 +275,7 @@ export class ChatCompletions {
       promptTokens,
       contextWindow: endpoint.contextWindow,
     });
-    const startedAt = d.clock.now();
+    const deadlineAt = startedAt + tier.requestDeadlineMs;
     const candidates = await d.pool.candidates(endpoint.modelId, endpoint.tierId);
     const slo = parseSloHeaders(request.headers);
     if (d.sloTargets && slo.ttftMs === undefined && slo.tpotMs === undefined) {
@@ -273,7 +289,15 @@ export class ChatCompletions {
       slo,
       tier: parseServiceTier(req.serviceTier),
     };
-    const lease = await this.admit(reply, candidates, hints, tier);
+    const lease = await this.admit(reply, candidates, hints, deadlineAt);
+    if (lease === 'timeout') {
+      // The deadline passed in the router's queue; no worker saw the request.
+      if (!req.stream)
+        throw new ServiceError('request_timeout', { message: deadlineMessage(tier) });
+      openSse(reply, request.id, {});
+      reply.raw.end(sseError('request_timeout', deadlineMessage(tier)));
+      return;
+    }
     const worker = lease.worker;
     const ctx: ReframeContext = {
       id: request.id,
@@ -294,6 +318,7 @@ export class ChatCompletions {
       tier,
       ctx,
       startedAt,
+      deadlineAt,
       body: upstreamBody(req, endpoint.modelName, clamp.value),
       clampHeader:
         clamp.clamped && clamp.original !== undefined
@@ -316,25 +341,28 @@ export class ChatCompletions {
     }
   };
 
-  /** A worker for the request now, or after a wait in the router's queue; else 429 / 503. */
+  /**
+   * A worker for the request now, or after a wait in the router's queue; else 429 / 503.
+   * The wait spends the request's deadline: 'timeout' when it ran out before a worker
+   * was free (the queue's own, shorter limit is still 429).
+   */
   private async admit(
     reply: FastifyReply,
     candidates: readonly WorkerRecord[],
     hints: RouteHints,
-    tier: Tier,
-  ): Promise<Lease> {
+    deadlineAt: number,
+  ): Promise<Lease | 'timeout'> {
     const d = this.d;
-    const now = d.pool.route(candidates, hints);
-    if (now) return now;
-    let result: Lease | 'unavailable' | 'capacity_exceeded' = 'unavailable';
-    if (candidates.length > 0) {
+    let result: Lease | AdmitFailure | null = d.pool.route(candidates, hints);
+    if (result === null && candidates.length === 0) result = 'unavailable';
+    if (result === null) {
       // Saturated: wait, unless the client leaves first.
       const gone = new AbortController();
       const onClose = () => gone.abort();
       reply.raw.once('close', onClose);
       try {
         result = await d.pool.admit(candidates, hints, {
-          maxWaitMs: tier.requestDeadlineMs,
+          maxWaitMs: deadlineAt - d.clock.now(),
           signal: gone.signal,
         });
       } finally {
@@ -346,12 +374,12 @@ export class ChatCompletions {
         throw new ServiceError('cancelled');
       }
     }
+    if (result !== 'unavailable' && d.clock.now() >= deadlineAt) {
+      if (typeof result === 'object') d.pool.abandon(result);
+      return 'timeout';
+    }
     if (result === 'capacity_exceeded') {
-      throw new ServiceError('capacity_exceeded', {
-        message: 'Every worker of this endpoint is saturated; retry shortly.',
-        headers: { 'Retry-After': '1' },
-        extra: { retry_after: 1 },
-      });
+      throw tooManyRequests('capacity_exceeded', 1, SATURATED);
     }
     if (result === 'unavailable') {
       throw new ServiceError('unavailable', {
@@ -374,6 +402,7 @@ export class ChatCompletions {
       ctx: run.ctx,
       tier: run.tier,
       startedAt: run.startedAt,
+      deadlineMs: remainingMs(run, this.d.clock),
       reply: run.reply,
       streams: this.d.streams,
       send: async (body, signal) => {
@@ -393,11 +422,13 @@ export class ChatCompletions {
 
   /**
    * Failover before the first byte: another worker of the same (model, tier)
-   * that this request has not tried, or null. Never after a response started.
+   * that this request has not tried, or false. Never after a response started.
+   * `failed` counts against the worker's breaker; a worker that only said it is
+   * saturated (429) is healthy, so its breaker is left alone.
    */
-  private failover(run: Run): boolean {
+  private failover(run: Run, failed = true): boolean {
     const d = this.d;
-    d.pool.failure(run.worker.id);
+    if (failed) d.pool.failure(run.worker.id);
     if (run.tried.size >= MAX_WORKER_TRIES) return false;
     const next = d.pool.route(run.candidates, run.hints, run.tried);
     if (!next) return false;
@@ -408,11 +439,17 @@ export class ChatCompletions {
     return true;
   }
 
-  /** Sends the request upstream; retries once on the engine's exact token-count error. */
+  /**
+   * Sends the request upstream. Nothing has reached the client yet, so a worker that
+   * is unreachable, fails (5xx) or is saturated (429) is replaced by another of the
+   * pool; the engine's exact token-count error gets one retry with the value it says
+   * fits.
+   */
   private async send(run: Run, signal: AbortLike): Promise<UpstreamResponse> {
     const d = this.d;
-    let res: UpstreamResponse;
+    let resized = false;
     for (;;) {
+      let res: UpstreamResponse;
       try {
         res = await d.upstream.post(
           run.worker.url,
@@ -427,8 +464,17 @@ export class ChatCompletions {
         d.logger.warn({ err, next: run.worker.id }, 'worker unreachable; failing over');
         continue;
       }
+      if (res.statusCode === 200) return res;
+      const text = await res.body.text();
+      if (res.statusCode === 429) {
+        if (this.failover(run, false)) {
+          d.logger.warn({ status: 429, next: run.worker.id }, 'worker saturated; failing over');
+          continue;
+        }
+        const now = d.clock.now();
+        throw tooManyRequests('capacity_exceeded', retryAfter(res.headers, now), SATURATED);
+      }
       if (res.statusCode >= 500) {
-        const text = await res.body.text();
         if (this.failover(run)) {
           d.logger.warn(
             { status: res.statusCode, next: run.worker.id },
@@ -438,34 +484,20 @@ export class ChatCompletions {
         }
         throw upstreamFailure(res.statusCode, text);
       }
-      break;
-    }
-    if (res.statusCode === 400) {
-      const text = await res.body.text();
-      const fits = parseTokenCountError(400, text);
-      if (fits === null) throw upstreamFailure(400, text);
-      const sent = run.body.max_tokens as number;
+      const fits = resized ? null : parseTokenCountError(res.statusCode, text);
+      if (fits === null) throw upstreamFailure(res.statusCode, text);
+      resized = true;
       run.body = { ...run.body, max_tokens: fits };
-      run.clampHeader = clampHeader(run.original ?? sent, fits);
-      res = await d.upstream.post(
-        run.worker.url,
-        '/chat/completions',
-        JSON.stringify(run.body),
-        signal,
-        this.traceHeaders(run),
-      );
+      // The header reports a reduction of the client's value; the router's own
+      // choice for an omitted max_tokens is no clamp (spec: absent otherwise).
+      if (run.original !== undefined) run.clampHeader = clampHeader(run.original, fits);
     }
-    if (res.statusCode !== 200) {
-      const text = await res.body.text();
-      throw upstreamFailure(res.statusCode, text);
-    }
-    return res;
   }
 
   private async complete(run: Run): Promise<void> {
     const { reply, tier } = run;
     const abort = new Cancellation();
-    const deadline = new Deadline(this.d.clock, abort, tier.requestDeadlineMs, null);
+    const deadline = new Deadline(this.d.clock, abort, remainingMs(run, this.d.clock), null);
     const onClose = () => {
       if (!reply.raw.writableFinished) abort.abort();
     };
@@ -505,9 +537,7 @@ export class ChatCompletions {
     } catch (err) {
       if (deadline.timedOut) {
         outcome = 'timeout';
-        throw new ServiceError('request_timeout', {
-          message: `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`,
-        });
+        throw new ServiceError('request_timeout', { message: deadlineMessage(tier) });
       }
       if (abort.signal.aborted) {
         // The client went away: nobody to answer.
@@ -529,7 +559,7 @@ export class ChatCompletions {
     const clock = this.d.clock;
     const abort = new Cancellation();
     const idleMs = req.reasoningEffort ? tier.requestDeadlineMs : tier.idleTimeoutMs;
-    const deadline = new Deadline(clock, abort, tier.requestDeadlineMs, idleMs);
+    const deadline = new Deadline(clock, abort, remainingMs(run, clock), idleMs);
     const raw = reply.raw;
     let clientGone = false;
     const onClose = () => {
@@ -553,17 +583,9 @@ export class ChatCompletions {
     const commit = () => {
       if (committed) return;
       committed = true;
-      reply.hijack();
-      const headers: Record<string, string> = {
-        'content-type': 'text/event-stream; charset=utf-8',
-        'cache-control': 'no-cache',
-        connection: 'keep-alive',
-        'x-accel-buffering': 'no',
-        'x-request-id': run.request.id,
-        'x-service-worker-id': run.worker.id,
-      };
+      const headers: Record<string, string> = { 'x-service-worker-id': run.worker.id };
       if (run.clampHeader) headers[CLAMP_HEADER.toLowerCase()] = run.clampHeader;
-      raw.writeHead(200, { ...(reply.getHeaders() as Record<string, string>), ...headers });
+      openSse(reply, run.request.id, headers);
     };
     try {
       attempts: for (;;) {
@@ -750,11 +772,15 @@ export class ChatCompletions {
     const u = usage;
     const promptTokens = u?.prompt_tokens ?? 0;
     const completionTokens = u?.completion_tokens ?? 0;
+    // Rejected prediction tokens were generated, then discarded: billed and counted
+    // per minute (spec, Usage), while the usage the client saw keeps the worker's numbers.
+    const billedCompletion =
+      completionTokens + (u?.completion_tokens_details.rejected_prediction_tokens ?? 0);
     const durationMs = this.d.clock.now() - run.startedAt;
     this.observe(run, outcome, u, ttftMs, durationMs);
     const multiplier =
       run.tier.priceMultiplier * (run.req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1);
-    void this.d.limits.addTokens(run.endpoint.id, promptTokens + completionTokens);
+    void this.d.limits.addTokens(run.endpoint.id, promptTokens + billedCompletion);
     this.d.usage.record({
       requestId: run.request.id,
       projectId: run.key.projectId,
@@ -769,7 +795,11 @@ export class ChatCompletions {
       stream: stream ? 1 : 0,
       promptTokens,
       completionTokens,
-      costMicrocents: costMicrocents({ promptTokens, completionTokens }, run.endpoint, multiplier),
+      costMicrocents: costMicrocents(
+        { promptTokens, completionTokens: billedCompletion },
+        run.endpoint,
+        multiplier,
+      ),
       cachedTokens: u?.prompt_tokens_details.cached_tokens ?? 0,
       reasoningTokens: u?.completion_tokens_details.reasoning_tokens ?? null,
       acceptedPredictionTokens: u?.completion_tokens_details.accepted_prediction_tokens ?? null,
@@ -818,6 +848,8 @@ interface Run {
   tier: Tier;
   ctx: ReframeContext;
   startedAt: number;
+  /** When the tier deadline passes (clock ms): `startedAt` plus the tier's deadline. */
+  deadlineAt: number;
   body: Record<string, unknown>;
   clampHeader: string | null;
   original: number | undefined;
@@ -827,7 +859,7 @@ interface Run {
   /** What the scorer knows of the request, and its current worker's lease. */
   hints: RouteHints;
   lease: Lease;
-  /** Time spent in the router's wait queue before a worker was free. */
+  /** Time from the start of the request to its dispatch (the router's queue, mostly). */
   waitedMs: number;
 }
 
@@ -848,7 +880,42 @@ function reasoningNull(usage: Usage, endpoint: Endpoint): void {
 function timeoutMessage(deadline: Deadline, tier: Tier): string {
   return deadline.timedOut === 'idle'
     ? 'The stream was idle longer than the idle timeout.'
-    : `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`;
+    : deadlineMessage(tier);
+}
+
+function deadlineMessage(tier: Tier): string {
+  return `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`;
+}
+
+/** What is left of the request's deadline for the worker (its queue wait already spent). */
+function remainingMs(run: Run, clock: Clock): number {
+  return Math.max(0, run.deadlineAt - clock.now());
+}
+
+/**
+ * A saturated worker's `Retry-After` (delay-seconds or an HTTP date) in seconds,
+ * passed on to the client; 1 when it sent none or nothing readable.
+ */
+function retryAfter(headers: IncomingHttpHeaders, now: number): number {
+  const v = headers['retry-after']?.trim();
+  if (!v) return 1;
+  if (/^\d+$/.test(v)) return Math.max(1, Number(v));
+  const at = Date.parse(v);
+  return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - now) / 1000));
+}
+
+/** Takes the response over from Fastify and opens the SSE stream (status 200). */
+function openSse(reply: FastifyReply, requestId: string, headers: Record<string, string>): void {
+  reply.hijack();
+  reply.raw.writeHead(200, {
+    ...(reply.getHeaders() as Record<string, string>),
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+    'x-request-id': requestId,
+    ...headers,
+  });
 }
 
 function mapTransport(err: unknown): ServiceError {

@@ -143,6 +143,11 @@ describe('clampHeader', () => {
     assert.equal(clampHeader(5000, 3096), '5000 -> 3096');
     assert.equal(CLAMP_HEADER, 'X-Service-Max-Tokens-Clamped');
   });
+
+  it('writes values past 2^53 in digits, not exponent form', () => {
+    assert.equal(clampHeader(1e20, 4000), '100000000000000000000 -> 4000');
+    assert.equal(clampHeader(1e21, 4000), '1000000000000000000000 -> 4000');
+  });
 });
 
 // Wordings taken from the engines' sources:

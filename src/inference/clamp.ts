@@ -144,7 +144,12 @@ export function clampMaxTokens({
 
 /** The exact `X-Service-Max-Tokens-Clamped` value: `<original> -> <clamped>`. */
 export function clampHeader(original: number, clamped: number): string {
-  return `${original} -> ${clamped}`;
+  return `${integerText(original)} -> ${integerText(clamped)}`;
+}
+
+/** Digits, also past 2^53 where `String` switches to exponent form (1e21 → "1e+21"). */
+function integerText(n: number): string {
+  return Number.isInteger(n) && !Number.isSafeInteger(n) ? BigInt(n).toString() : String(n);
 }
 
 // ---------------------------------------------------------------------------------------

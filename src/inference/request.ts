@@ -160,7 +160,15 @@ const jsonObject = z.custom<Record<string, unknown>>(isJsonObject, {
   params: { expected: 'object' },
 });
 
-const positiveInt = z.int().min(1);
+/**
+ * A positive integer of any size. Not `z.int()`: its safe-integer bound would reject
+ * `max_tokens: 1e20`, which the spec clamps to the context window instead (Limits).
+ * A non-integer is still a type error, as OpenAI reports it.
+ */
+const positiveInt = z
+  .number()
+  .refine(Number.isInteger, { params: { expected: 'int' }, abort: true })
+  .min(1);
 const penalty = z.number().min(-2).max(2);
 
 const textPart = z.object({ type: z.literal('text'), text: z.string() });
@@ -525,12 +533,14 @@ function issueToError(issue: Issue, base: readonly PropertyKey[]): ServiceError 
       );
     }
 
-    case 'custom':
-      if (issue.params?.['expected'] === 'object') {
+    case 'custom': {
+      const expected: unknown = issue.params?.['expected'];
+      if (typeof expected === 'string') {
         if (issue.input === undefined) return missing(name);
-        return typeError(name, 'an object', issue.input);
+        return typeError(name, expectedText(expected), issue.input);
       }
       return fail('invalid_value', param, `Invalid value for '${name}': ${issue.message}.`);
+    }
 
     case 'invalid_key': {
       const inner = issue.issues[0];

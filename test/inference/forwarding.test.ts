@@ -1,0 +1,169 @@
+/**
+ * What the router forwards to a worker, seen by a worker that records each body:
+ * - the spec's sampling defaults (temperature 0.7, top_p 0.9) when the client
+ *   omitted them or sent null, so a third-party engine does not use its own;
+ * - `max_tokens` / `max_completion_tokens` beyond 2^53 - 1 are accepted and clamped
+ *   to the context window like any over-large value (spec, Limits), not rejected.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { startTestServer, type TestServer } from '../support/harness.js';
+
+/** An OpenAI-compatible worker answering "ok" to everything, keeping every request body. */
+async function recordingWorker() {
+  const bodies: Array<Record<string, unknown>> = [];
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (raw += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.end('');
+        return;
+      }
+      const body = JSON.parse(raw) as Record<string, unknown>;
+      bodies.push(body);
+      const base = { id: 'w-1', created: 0, model: 'rm' };
+      const usage = { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 };
+      if (body.stream !== true) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({
+            ...base,
+            object: 'chat.completion',
+            choices: [
+              {
+                index: 0,
+                message: { role: 'assistant', content: 'ok' },
+                finish_reason: 'stop',
+                logprobs: null,
+              },
+            ],
+            usage,
+          }),
+        );
+        return;
+      }
+      const chunk = (choices: unknown[], extra: Record<string, unknown> = {}) =>
+        `data: ${JSON.stringify({ ...base, object: 'chat.completion.chunk', choices, ...extra })}\n\n`;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(
+        chunk([{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }]) +
+          chunk([{ index: 0, delta: { content: 'ok' }, finish_reason: null }]) +
+          chunk([{ index: 0, delta: {}, finish_reason: 'stop' }]) +
+          chunk([], { usage }) +
+          'data: [DONE]\n\n',
+      );
+    });
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    bodies,
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+describe('the body a worker receives', () => {
+  let s: TestServer;
+  let w: Awaited<ReturnType<typeof recordingWorker>>;
+  let url: string;
+  let key: string;
+  before(async () => {
+    s = await startTestServer();
+    w = await recordingWorker();
+    await s.admin('POST', '/models', { name: 'rm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'rm', tier: 'gpu', url: w.url, id: 'rec' });
+    const p = await s.admin('POST', '/projects', { slug: 'fwd', name: 'Fwd' });
+    await s.admin('POST', '/projects/fwd/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'rm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/fwd/keys', { quotaRequests: 10_000 });
+    url = `${s.url}/${String(p.body.id)}/chat/v1/chat/completions`;
+    key = String(k.body.key);
+  });
+  after(async () => {
+    await s.close();
+    await w.close();
+  });
+
+  /** Posts a request; the raw JSON text lets a test send numbers JSON.stringify would not. */
+  async function send(fields: Record<string, unknown> | string) {
+    const extra = typeof fields === 'string' ? fields : JSON.stringify(fields).slice(1, -1);
+    const base = '"model":"x","messages":[{"role":"user","content":"hi"}]';
+    const res = await fetch(url, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: `{${base}${extra ? `,${extra}` : ''}}`,
+    });
+    const text = await res.text();
+    return { status: res.status, headers: res.headers, text, body: w.bodies.at(-1) };
+  }
+
+  it('carries the spec defaults temperature 0.7 and top_p 0.9 unless the client set them', async () => {
+    const cases: Array<[string, Record<string, unknown>, number, number]> = [
+      ['omitted', {}, 0.7, 0.9],
+      ['null', { temperature: null, top_p: null }, 0.7, 0.9],
+      ['zero and one', { temperature: 0, top_p: 1 }, 0, 1],
+      ['set', { temperature: 1.3, top_p: 0.5 }, 1.3, 0.5],
+      ['one of them', { temperature: 0.2 }, 0.2, 0.9],
+      ['streaming', { stream: true }, 0.7, 0.9],
+    ];
+    for (const [name, fields, temperature, topP] of cases) {
+      const before = w.bodies.length;
+      const r = await send(fields);
+      assert.equal(r.status, 200, `${name}: ${r.text}`);
+      assert.equal(w.bodies.length, before + 1);
+      assert.equal(r.body?.temperature, temperature, name);
+      assert.equal(r.body?.top_p, topP, name);
+    }
+  });
+
+  it('max_tokens beyond 2^53 - 1 is clamped to the context window, not rejected', async () => {
+    const cases: Array<[string, string, boolean]> = [
+      ['100000000000000000000', '"max_tokens":1e20', false],
+      ['1000000000000000000000', '"max_completion_tokens":1e21', false],
+      ['100000000000000000000', '"max_completion_tokens":100000000000000000000', true],
+      ['9007199254740992', '"max_tokens":9007199254740992', false],
+    ];
+    for (const [original, fields, stream] of cases) {
+      const r = await send(stream ? `${fields},"stream":true` : fields);
+      assert.equal(r.status, 200, `${fields}: ${r.text}`);
+      const h = r.headers.get('x-service-max-tokens-clamped');
+      const m = h?.match(/^(\d+) -> (\d+)$/);
+      assert.ok(m, `${fields}: clamp header ${String(h)}`);
+      assert.equal(m[1], original);
+      const clamped = Number(m[2]);
+      assert.ok(clamped > 3000 && clamped < 4096, `${fields}: clamped to ${clamped}`);
+      assert.equal(r.body?.max_tokens, clamped, 'the worker gets the clamped value');
+      assert.equal('max_completion_tokens' in (r.body ?? {}), false);
+    }
+  });
+
+  it('still rejects a non-integer or non-positive max_tokens', async () => {
+    const cases: Array<[string, string, string]> = [
+      ['"max_tokens":1.5', 'invalid_type', 'max_tokens'],
+      ['"max_completion_tokens":2.5', 'invalid_type', 'max_completion_tokens'],
+      ['"max_tokens":0', 'invalid_value', 'max_tokens'],
+      ['"max_completion_tokens":-1e20', 'invalid_value', 'max_completion_tokens'],
+    ];
+    for (const [fields, code, param] of cases) {
+      const r = await send(fields);
+      assert.equal(r.status, 400, fields);
+      const err = (JSON.parse(r.text) as { error: { code: string; param: string } }).error;
+      assert.equal(err.code, code, fields);
+      assert.equal(err.param, param, fields);
+    }
+  });
+});

@@ -1,0 +1,205 @@
+/**
+ * Saturation answers: a worker that answers 429 is saturated, not broken, so the
+ * request goes to another worker of the endpoint's pool; with none free the client
+ * gets 429 `capacity_exceeded` with the worker's `Retry-After` (else 1). Every 429,
+ * the router's own included, carries `Retry-After`, `retry_after` and
+ * `retry_strategy` (spec, Errors → Envelope), the same fields as the rate limits'.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { clockSleep, startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import { startTestServer, type TestServer } from '../support/harness.js';
+
+const RETRY_STRATEGY_KEYS = ['initial_delay_ms', 'jitter', 'max_delay_ms', 'multiplier', 'type'];
+
+/** An OpenAI-compatible worker that is always saturated: 429 to every completion. */
+async function saturatedWorker() {
+  const state = { hits: 0, retryAfter: '7' as string | null };
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        res.end('');
+        return;
+      }
+      state.hits++;
+      const headers: Record<string, string> = { 'content-type': 'application/json' };
+      if (state.retryAfter !== null) headers['retry-after'] = state.retryAfter;
+      res.writeHead(429, headers);
+      res.end(
+        JSON.stringify({
+          error: { message: 'Too many requests', type: 'rate_limit_error', code: 429 },
+        }),
+      );
+    });
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    state,
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+interface Answer {
+  status: number;
+  headers: Headers;
+  text: string;
+  error: Record<string, unknown> | undefined;
+}
+
+async function chat(url: string, key: string, body: Record<string, unknown>): Promise<Answer> {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
+    signal: AbortSignal.timeout(20_000),
+  });
+  const text = await res.text();
+  let error: Record<string, unknown> | undefined;
+  try {
+    error = (JSON.parse(text) as { error?: Record<string, unknown> }).error;
+  } catch {
+    error = undefined;
+  }
+  return { status: res.status, headers: res.headers, text, error };
+}
+
+function assertRetryFields(a: Answer, seconds: number): void {
+  assert.equal(a.headers.get('retry-after'), String(seconds));
+  assert.equal(a.error?.retry_after, seconds);
+  const strategy = a.error?.retry_strategy as Record<string, unknown> | undefined;
+  assert.ok(strategy, `no retry_strategy in ${a.text}`);
+  assert.deepEqual(Object.keys(strategy).sort(), RETRY_STRATEGY_KEYS);
+  assert.equal(strategy.type, 'exponential_backoff');
+  assert.equal(strategy.initial_delay_ms, seconds * 1000);
+}
+
+describe('a worker answering 429', () => {
+  let s: TestServer;
+  let busy: Awaited<ReturnType<typeof saturatedWorker>>;
+  let good: SimWorker;
+  let url: string;
+  let key: string;
+  before(async () => {
+    s = await startTestServer({ env: { SWITCHYARD_ROUTE_CACHE_TTL_MS: '0' } });
+    busy = await saturatedWorker();
+    good = await startSimWorker({ model: 'sm' });
+    await s.admin('POST', '/models', { name: 'sm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'sm', tier: 'gpu', url: busy.url, id: 'busy' });
+    const p = await s.admin('POST', '/projects', { slug: 'sat', name: 'Sat' });
+    await s.admin('POST', '/projects/sat/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'sm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/sat/keys', { quotaRequests: 10_000 });
+    url = `${s.url}/${String(p.body.id)}/chat/v1/chat/completions`;
+    key = String(k.body.key);
+  });
+  after(async () => {
+    await s.close();
+    await busy.close();
+    await good.close();
+  });
+
+  it("no other worker free: 429 capacity_exceeded with the worker's Retry-After, streaming or not", async () => {
+    for (const stream of [false, true, false, true]) {
+      const a = await chat(url, key, { max_tokens: 2, stream });
+      assert.equal(a.status, 429, a.text);
+      assert.equal(a.error?.code, 'capacity_exceeded');
+      assert.equal(a.error?.type, 'rate_limit_error');
+      assertRetryFields(a, 7);
+    }
+    assert.equal(busy.state.hits, 4);
+    // Saturated is not broken: four 429s in a row leave the worker's breaker closed.
+    assert.equal(s.services.pool.isOpen('busy'), false);
+  });
+
+  it('a worker without Retry-After gives 1; an HTTP-date Retry-After is converted to seconds', async () => {
+    busy.state.retryAfter = null;
+    assertRetryFields(await chat(url, key, { max_tokens: 2 }), 1);
+    busy.state.retryAfter = new Date(s.clock.now() + 30_000).toUTCString();
+    assertRetryFields(await chat(url, key, { max_tokens: 2 }), 30);
+    busy.state.retryAfter = '7';
+  });
+
+  it('another worker of the pool takes the request; the client never sees the 429', async () => {
+    await s.admin('POST', '/workers', { model: 'sm', tier: 'gpu', url: good.url, id: 'good' });
+    const before = busy.state.hits;
+    for (let i = 0; i < 20 && busy.state.hits < before + 2; i++) {
+      const a = await chat(url, key, { max_tokens: 2, stream: i % 2 === 1 });
+      assert.equal(a.status, 200, a.text);
+      assert.equal(a.headers.get('x-service-worker-id'), 'good');
+    }
+    assert.ok(busy.state.hits >= before + 1, 'the saturated worker was never tried first');
+  });
+});
+
+describe("the router's own 429 capacity_exceeded", () => {
+  let s: TestServer;
+  let w: SimWorker;
+  after(async () => {
+    await s.close();
+    await w.close();
+  });
+
+  it('carries Retry-After, retry_after and retry_strategy, the fields of rate_limit_exceeded', async () => {
+    s = await startTestServer({
+      env: { SWITCHYARD_WORKER_MAX_INFLIGHT: '1', SWITCHYARD_ROUTER_QUEUE_DEPTH: '0' },
+    });
+    w = await startSimWorker({
+      model: 'cm',
+      ttftMs: 10_000,
+      sleep: clockSleep(s.clock),
+      clock: s.clock,
+    });
+    await s.admin('POST', '/models', { name: 'cm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'cm', tier: 'gpu', url: w.url });
+    const p = await s.admin('POST', '/projects', { slug: 'cap', name: 'Cap' });
+    await s.admin('POST', '/projects/cap/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'cm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/cap/keys', {});
+    const url = `${s.url}/${String(p.body.id)}/chat/v1/chat/completions`;
+    const key = String(k.body.key);
+
+    const first = chat(url, key, { max_tokens: 2 });
+    while (w.stats().received < 1) await new Promise((r) => setTimeout(r, 5));
+    const capacity = await chat(url, key, { max_tokens: 2 });
+    assert.equal(capacity.status, 429);
+    assert.equal(capacity.error?.code, 'capacity_exceeded');
+    assertRetryFields(capacity, 1);
+
+    // A key quota refusal, for the comparison: the same fields in the error object.
+    const tight = await s.admin('POST', '/projects/cap/keys', { quotaRequests: 1 });
+    const tightKey = String(tight.body.key);
+    let limited: Answer | undefined;
+    for (let i = 0; i < 2; i++) limited = await chat(url, tightKey, { max_tokens: 2 });
+    assert.equal(limited?.status, 429);
+    assert.equal(limited?.error?.code, 'rate_limit_exceeded');
+    assert.deepEqual(Object.keys(capacity.error!).sort(), Object.keys(limited!.error!).sort());
+
+    // Let the first request finish (the sim's sleeps run on the fake clock).
+    let done = false;
+    void first.finally(() => (done = true));
+    while (!done) {
+      s.clock.advance(1_000);
+      await new Promise((r) => setTimeout(r, 1));
+    }
+    assert.equal((await first).status, 200);
+  });
+});
