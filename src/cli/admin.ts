@@ -5,7 +5,7 @@
  * `--json` (print the raw JSON response, for scripts).
  */
 import { parseArgs } from 'node:util';
-import { request } from 'undici';
+import { request } from '../runtime/http-client.js';
 import { readStoredAdminToken } from '../http/admin-auth.js';
 import { loadConfig } from '../config/index.js';
 

@@ -11,7 +11,8 @@
  * pinned core), on the router's hottest path.
  */
 import type { IncomingHttpHeaders } from 'node:http';
-import { Pool, type Dispatcher } from 'undici';
+import type { Dispatcher, Pool as UndiciPool } from 'undici';
+import { Pool } from '../runtime/http-client.js';
 import type { AbortLike } from '../runtime/cancel.js';
 
 /** A worker's response body: read it whole or iterate its chunks, once. */
@@ -205,13 +206,13 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
 }
 
 export class UpstreamClient {
-  private readonly pools = new Map<string, Pool>();
+  private readonly pools = new Map<string, UndiciPool>();
   /** Base URL -> (origin, path prefix), parsed once per worker, not per request. */
   private readonly targets = new Map<string, { origin: string; prefix: string }>();
 
   constructor(private readonly opts: { connections?: number } = {}) {}
 
-  private pool(origin: string): Pool {
+  private pool(origin: string): UndiciPool {
     let p = this.pools.get(origin);
     if (!p) {
       p = new Pool(origin, {

@@ -20,7 +20,7 @@
  * circuit breaker (pool.ts) stays per router and reacts to request failures
  * within one request; this loop reacts within a few intervals.
  */
-import { request } from 'undici';
+import { request } from '../runtime/http-client.js';
 import type { EndpointRepository } from '../endpoints/repository.js';
 import type { Clock, Timer } from '../runtime/clock.js';
 import type { InvalidationBus } from '../runtime/invalidation.js';

@@ -5,7 +5,7 @@
  * The 30-second limit is enforced by the caller through the abort signal.
  */
 import type { Dispatcher } from 'undici';
-import { request } from 'undici';
+import { request } from '../runtime/http-client.js';
 
 export const USER_AGENT = 'Switchyard-Webhooks/1.0 (+https://github.com/switchyard)';
 export const RESPONSE_BODY_LIMIT = 1024;

@@ -44,7 +44,8 @@
 import { lookup as dnsLookup } from 'node:dns/promises';
 import { isIP, type LookupFunction } from 'node:net';
 import { createSecureContext, rootCertificates } from 'node:tls';
-import { Agent, buildConnector } from 'undici';
+import type { Agent as UndiciAgent, buildConnector as UndiciConnector } from 'undici';
+import { Agent, buildConnector } from '../runtime/http-client.js';
 
 // ---------------------------------------------------------------------------
 // Address parsing (own parser: we need the bytes, including embedded IPv4)
@@ -552,7 +553,7 @@ export interface GuardedAgentOptions {
   /** TCP + TLS connect timeout; undici's default (10 s) when omitted. */
   connectTimeoutMs?: number;
   /** Pool tuning passed through; the connector itself cannot be replaced. */
-  agentOptions?: Omit<Agent.Options, 'connect' | 'factory'>;
+  agentOptions?: Omit<UndiciAgent.Options, 'connect' | 'factory'>;
 }
 
 /**
@@ -560,7 +561,7 @@ export interface GuardedAgentOptions {
  * policy forbids, resolves names through the guarded lookup, and re-checks the
  * connected peer address before handing the socket to undici.
  */
-export function createGuardedConnector(options: GuardedAgentOptions): buildConnector.connector {
+export function createGuardedConnector(options: GuardedAgentOptions): UndiciConnector.connector {
   const { policy } = options;
   const extra = options.ca === undefined ? [] : ([] as Array<string | Buffer>).concat(options.ca);
   const base = buildConnector({
@@ -609,6 +610,6 @@ export function createGuardedConnector(options: GuardedAgentOptions): buildConne
  * The dispatcher for webhook deliveries: pass it as `dispatcher` to undici's
  * `request`. Never make it the global dispatcher; it is for webhook traffic only.
  */
-export function createGuardedAgent(options: GuardedAgentOptions): Agent {
+export function createGuardedAgent(options: GuardedAgentOptions): UndiciAgent {
   return new Agent({ ...options.agentOptions, connect: createGuardedConnector(options) });
 }

@@ -12,7 +12,7 @@
  * start-up: a refused token or an unknown model is a configuration error the
  * caller reports; an unreachable router is retried with backoff.
  */
-import { request } from 'undici';
+import { request } from '../runtime/http-client.js';
 import type { Clock, Timer } from '../runtime/clock.js';
 
 export interface RegistrationOptions {
