@@ -8,10 +8,12 @@
  * `npm run bench:gc`, which counts the scavenges that this garbage causes.
  *
  *   node bench/alloc.mjs [--rate=500] [--seconds=6] [--stream] [--storage=postgres|pglite]
- *     [--top=30] [--survivors]
+ *     [--top=30] [--survivors] [--idle]
  *
  * `--survivors` leaves out what young-generation GCs collect: what remains outlived a
  * scavenge (or was still alive at the end), the bytes each scavenge has to copy.
+ * `--idle` measures a router with no traffic instead (after the same warm-up, and
+ * 10 s of quiet): KB allocated per second by its timers and background loops.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
@@ -26,6 +28,7 @@ import { CHAT_BODY } from './lib/setup.mjs';
 const { values: opts } = parseArgs({
   options: {
     rate: { type: 'string', default: '500' },
+    idle: { type: 'boolean', default: false },
     seconds: { type: 'string', default: '6' },
     stream: { type: 'boolean', default: false },
     survivors: { type: 'boolean', default: false },
@@ -56,9 +59,15 @@ try {
     rate: Number(opts.rate),
   };
   await runOpenLoop({ ...load, durationS: 4 }); // warm-up: JIT, caches, pools
+  if (opts.idle) await sleep(10_000); // the load's leftovers settle
   process.kill(stack.router.pid, 'SIGUSR2');
   await sleep(300);
-  const r = await runOpenLoop({ ...load, durationS: Number(opts.seconds) });
+  const r = opts.idle
+    ? await sleep(Number(opts.seconds) * 1000).then(() => ({
+        completed: Number(opts.seconds),
+        errors: 0,
+      }))
+    : await runOpenLoop({ ...load, durationS: Number(opts.seconds) });
   process.kill(stack.router.pid, 'SIGUSR2');
   for (let i = 0; i < 100 && !existsSync(file); i++) await sleep(100);
   await sleep(300); // the write may still be under way
@@ -86,12 +95,15 @@ try {
       .slice(0, Number(opts.top))
       .map(([name, v]) => `| ${(v / 1024 / n).toFixed(2)} | \`${name}\` |`)
       .join('\n');
+  const unit = opts.idle ? 'second' : 'request';
   console.log(
-    `${n} ${opts.stream ? 'streamed' : 'non-streaming'} requests at ${opts.rate} req/s, errors ${r.errors}: ` +
-      `${(total / 1024 / n).toFixed(1)} KB ${opts.survivors ? 'outliving a scavenge' : 'allocated'} per request (sampled)\n`,
+    (opts.idle
+      ? `${n} s with no traffic: `
+      : `${n} ${opts.stream ? 'streamed' : 'non-streaming'} requests at ${opts.rate} req/s, errors ${r.errors}: `) +
+      `${(total / 1024 / n).toFixed(1)} KB ${opts.survivors ? 'outliving a scavenge' : 'allocated'} per ${unit} (sampled)\n`,
   );
-  console.log(`| KB/request | allocating function |\n| ---: | --- |\n${rows(bySelf)}\n`);
-  console.log(`| KB/request | innermost Switchyard function |\n| ---: | --- |\n${rows(byOurs)}`);
+  console.log(`| KB/${unit} | allocating function |\n| ---: | --- |\n${rows(bySelf)}\n`);
+  console.log(`| KB/${unit} | innermost Switchyard function |\n| ---: | --- |\n${rows(byOurs)}`);
 } finally {
   await stack.close();
   rmSync(dir, { recursive: true, force: true });

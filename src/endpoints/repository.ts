@@ -156,7 +156,31 @@ export function provisioningFor(
 }
 
 export class EndpointRepository {
-  constructor(private readonly db: Db) {}
+  /**
+   * The endpoints that follow their worker pool, built once: the worker monitor
+   * reconciles them every second (routing/monitor.ts).
+   */
+  private readonly followers;
+
+  constructor(private readonly db: Db) {
+    this.followers = db
+      .select({
+        id: endpoints.id,
+        modelId: endpoints.modelId,
+        tierId: endpoints.tierId,
+        status: endpoints.status,
+        provisioningState: endpoints.provisioningState,
+        provisionedWorkerId: endpoints.provisionedWorkerId,
+      })
+      .from(endpoints)
+      .where(
+        and(
+          isNull(endpoints.deletedAt),
+          inArray(endpoints.status, ['active', 'provisioning', 'error']),
+        ),
+      )
+      .prepare('');
+  }
 
   async create(input: NewEndpoint, now: Date): Promise<Endpoint> {
     const id = randomUUID();
@@ -226,22 +250,7 @@ export class EndpointRepository {
   async reconcileProvisioning(
     pools: ReadonlyMap<string, { healthy: readonly string[]; registered: number }>,
   ): Promise<number> {
-    const rows = await this.db
-      .select({
-        id: endpoints.id,
-        modelId: endpoints.modelId,
-        tierId: endpoints.tierId,
-        status: endpoints.status,
-        provisioningState: endpoints.provisioningState,
-        provisionedWorkerId: endpoints.provisionedWorkerId,
-      })
-      .from(endpoints)
-      .where(
-        and(
-          isNull(endpoints.deletedAt),
-          inArray(endpoints.status, ['active', 'provisioning', 'error']),
-        ),
-      );
+    const rows = await this.followers.execute();
     let changed = 0;
     for (const e of rows) {
       const want = provisioningFor(

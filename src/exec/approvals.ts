@@ -24,7 +24,7 @@
  * (or the expiry) the clock says, not the one the last tick left.
  */
 import { randomUUID } from 'node:crypto';
-import { and, desc, eq, lte } from 'drizzle-orm';
+import { and, desc, eq, lte, sql } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import type { Tx } from '../events/outbox.js';
@@ -93,10 +93,21 @@ type Decision<T> =
   | { kind: 'raced' };
 
 export class Approvals {
+  /** The sweep's select, built once: the scheduler runs it every tick (scheduler.ts). */
+  private readonly overdue;
+
   constructor(
     private readonly ctx: ExecContext,
     private readonly dispatchQueued: (inv: InvocationRow) => Promise<void>,
-  ) {}
+  ) {
+    this.overdue = ctx.db
+      .select()
+      .from(P)
+      .where(and(eq(P.status, 'pending'), lte(P.stageDeadline, sql.placeholder('now'))))
+      .orderBy(P.stageDeadline)
+      .limit(sql.placeholder('limit'))
+      .prepare('');
+  }
 
   async chain(projectId: string): Promise<Stage[]> {
     const [row] = await this.ctx.db
@@ -370,12 +381,7 @@ export class Approvals {
   /** Scheduler: advances or expires approvals whose stage deadline has passed. */
   async sweep(limit = 100): Promise<number> {
     const now = new Date(this.ctx.clock.now());
-    const due = await this.ctx.db
-      .select()
-      .from(P)
-      .where(and(eq(P.status, 'pending'), lte(P.stageDeadline, now)))
-      .orderBy(P.stageDeadline)
-      .limit(limit);
+    const due = await this.overdue.execute({ now, limit });
     let n = 0;
     for (const a of due) {
       // Several stages may have passed since the last sweep: walk them one by one,

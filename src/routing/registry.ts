@@ -67,7 +67,17 @@ export function newWorkerId(): string {
 }
 
 export class WorkerRegistry {
-  constructor(private readonly db: Db) {}
+  /** Every worker, built once: the worker monitor lists them every second (monitor.ts). */
+  private readonly all;
+
+  constructor(private readonly db: Db) {
+    this.all = db
+      .select(columns)
+      .from(workers)
+      .innerJoin(models, eq(models.id, workers.modelId))
+      .orderBy(asc(workers.createdAt), asc(workers.id))
+      .prepare('');
+  }
 
   /** Inserts or replaces a worker (embedded workers re-register on every start). */
   async upsert(
@@ -114,6 +124,7 @@ export class WorkerRegistry {
   }
 
   async list(filter: { modelId?: string; tierId?: string } = {}): Promise<WorkerRecord[]> {
+    if (!filter.modelId && !filter.tierId) return this.all.execute();
     const conds = [];
     if (filter.modelId) conds.push(eq(workers.modelId, filter.modelId));
     if (filter.tierId) conds.push(eq(workers.tierId, filter.tierId));
