@@ -14,11 +14,15 @@ function rig(trimWorks = true) {
   const now = { sample: quiet(100) };
   const trims: Array<[number, number]> = [];
   let calls = 0;
+  let collections = 0;
   const trimmer = new MemoryTrimmer({
     clock,
     logger: quietLogger,
     intervalMs: 5000,
     sample: () => now.sample,
+    collect: () => {
+      collections++;
+    },
     trim: async () => {
       calls++;
       if (trimWorks) now.sample = { ...now.sample, rss: now.sample.rss - 20 * MiB };
@@ -26,7 +30,7 @@ function rig(trimWorks = true) {
     },
     onTrim: (before, after) => trims.push([before, after]),
   });
-  return { clock, trimmer, trims, now, calls: () => calls };
+  return { clock, trimmer, trims, now, calls: () => calls, collections: () => collections };
 }
 
 function quiet(rssMiB: number): MemorySample {
@@ -49,6 +53,26 @@ describe('MemoryTrimmer', () => {
     r.now.sample = quiet(150);
     for (let k = 0; k < 6; k++) await r.trimmer.tick();
     assert.equal(r.calls(), 8);
+  });
+
+  it('runs one full collection of the JavaScript heap at the first quiet interval after a busy one', async () => {
+    const r = rig();
+    r.now.sample = quiet(140);
+    await r.trimmer.tick();
+    assert.equal(r.collections(), 1); // start-up counts as busy
+    for (let k = 0; k < 5; k++) await r.trimmer.tick();
+    assert.equal(r.collections(), 1);
+    r.now.sample = busy(150);
+    for (let k = 0; k < 3; k++) await r.trimmer.tick();
+    assert.equal(r.collections(), 1); // never while busy
+    r.now.sample = quiet(150);
+    for (let k = 0; k < 4; k++) await r.trimmer.tick();
+    assert.equal(r.collections(), 2);
+    // A quiet process whose RSS grew is trimmed again, without a collection.
+    r.now.sample = quiet(200);
+    await r.trimmer.tick();
+    assert.equal(r.calls(), 9);
+    assert.equal(r.collections(), 2);
   });
 
   it('never trims while the event loop is busy', async () => {
@@ -95,6 +119,38 @@ describe('MemoryTrimmer', () => {
     });
     t.start();
     r.clock.advance(60_000);
+  });
+
+  it("the full collection gives a load's garbage back without exposing gc globally (real V8)", () => {
+    const mod = fileURLToPath(new URL('./memory-trim.ts', import.meta.url));
+    // A child process (no --expose-gc): 400,000 objects that outlive several
+    // scavenges, then dropped; one fullCollection() must free most of the heap.
+    const script = `
+      import v8 from 'node:v8';
+      import { fullCollection } from ${JSON.stringify(mod)};
+      const old = () => v8.getHeapStatistics().used_heap_size;
+      let keep = [];
+      for (let i = 0; i < 400000; i++) keep.push({ i, s: 'x'.repeat(40) + i });
+      await new Promise((r) => setTimeout(r, 20));
+      const loaded = old();
+      keep = null;
+      fullCollection();
+      console.log(JSON.stringify({ loaded, after: old(), globalGc: typeof globalThis.gc }));
+    `;
+    const out = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', '--input-type=module', '-e', script],
+      { encoding: 'utf8' },
+    );
+    assert.equal(out.status, 0, out.stderr);
+    const r = JSON.parse(out.stdout.trim().split('\n').pop()!) as {
+      loaded: number;
+      after: number;
+      globalGc: string;
+    };
+    assert.equal(r.globalGc, 'undefined');
+    assert.ok(r.loaded > 20 * MiB, `heap only ${r.loaded / MiB} MiB after the load`);
+    assert.ok(r.after < r.loaded / 4, `heap ${r.loaded / MiB} -> ${r.after / MiB} MiB`);
   });
 
   it('malloc_trim gives fragmented native memory back to the system (real glibc)', () => {
