@@ -11,7 +11,7 @@ const quietLogger = { info: () => undefined, debug: () => undefined };
 /** A trimmer reading `now.sample` (set by the test) and counting its trims. */
 function rig(trimWorks = true) {
   const clock = new FakeClock();
-  const now = { sample: quiet(100) };
+  const now: { sample: MemorySample; duringConfirm?: MemorySample } = { sample: quiet(100) };
   const trims: Array<[number, number]> = [];
   let calls = 0;
   let collections = 0;
@@ -22,6 +22,9 @@ function rig(trimWorks = true) {
     sample: () => now.sample,
     collect: () => {
       collections++;
+    },
+    wait: async () => {
+      if (now.duringConfirm) now.sample = now.duringConfirm;
     },
     trim: async () => {
       calls++;
@@ -73,6 +76,43 @@ describe('MemoryTrimmer', () => {
     await r.trimmer.tick();
     assert.equal(r.calls(), 9);
     assert.equal(r.collections(), 2);
+  });
+
+  it('does not collect when traffic resumed right after the quiet interval', async () => {
+    const r = rig();
+    r.now.sample = quiet(140);
+    r.now.duringConfirm = busy(140); // requests arrive while the collection is confirmed
+    await r.trimmer.tick();
+    assert.equal(r.collections(), 0);
+    assert.equal(r.calls(), 0); // nothing at all this tick
+    r.now.duringConfirm = undefined;
+    r.now.sample = quiet(140);
+    await r.trimmer.tick();
+    assert.equal(r.collections(), 1); // still owed, done when quiet
+    assert.equal(r.calls(), 1);
+  });
+
+  it('waits out the confirmation on its clock', async () => {
+    const clock = new FakeClock();
+    let collections = 0;
+    const t = new MemoryTrimmer({
+      clock,
+      logger: quietLogger,
+      intervalMs: 5000,
+      sample: () => quiet(100),
+      trim: async () => true,
+      collect: () => {
+        collections++;
+      },
+    });
+    const tick = t.tick();
+    await new Promise((res) => setImmediate(res));
+    clock.advance(199);
+    await new Promise((res) => setImmediate(res));
+    assert.equal(collections, 0);
+    clock.advance(1);
+    await tick;
+    assert.equal(collections, 1);
   });
 
   it('never trims while the event loop is busy', async () => {
@@ -129,11 +169,12 @@ describe('MemoryTrimmer', () => {
       import v8 from 'node:v8';
       import { fullCollection } from ${JSON.stringify(mod)};
       const old = () => v8.getHeapStatistics().used_heap_size;
-      let keep = [];
-      for (let i = 0; i < 400000; i++) keep.push({ i, s: 'x'.repeat(40) + i });
+      // On globalThis: a local that is never read again may be collected early.
+      globalThis.load = [];
+      for (let i = 0; i < 400000; i++) globalThis.load.push({ i, s: 'x'.repeat(40) + i });
       await new Promise((r) => setTimeout(r, 20));
       const loaded = old();
-      keep = null;
+      globalThis.load = null;
       fullCollection();
       console.log(JSON.stringify({ loaded, after: old(), globalGc: typeof globalThis.gc }));
     `;

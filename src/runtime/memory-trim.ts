@@ -30,9 +30,10 @@
  * generation, where one full collection leaves about 24. So the first quiet
  * interval after a busy one also runs one full collection (`collect`) before
  * trimming, as the JVM's G1 (periodic collections when idle) and Go's runtime do.
- * It pauses the event loop, about 10–25 ms for this heap, on a process that was
- * under 5 % busy over the last interval; SWITCHYARD_MEMORY_TRIM_MS=0 turns the
- * whole thing off.
+ * It pauses the event loop, about 10–25 ms for this heap, so it must not land on
+ * traffic that resumed at the end of a quiet interval: the loop must stay quiet
+ * for `confirmMs` (200 ms) more, else the collection waits for the next tick.
+ * SWITCHYARD_MEMORY_TRIM_MS=0 turns the whole thing off.
  */
 import { runInNewContext } from 'node:vm';
 import { setFlagsFromString } from 'node:v8';
@@ -58,6 +59,10 @@ export interface MemoryTrimmerOptions {
   trim?: () => Promise<boolean>;
   /** One full garbage collection of the JavaScript heap (V8's, by default). */
   collect?: () => void;
+  /** How long the event loop must stay quiet right before a collection (ms). */
+  confirmMs?: number;
+  /** Waits `ms`; the injected clock's timer by default. */
+  wait?: (ms: number) => Promise<void>;
   quietUtilization?: number;
   trimsAfterBusy?: number;
   growthBytes?: number;
@@ -70,6 +75,9 @@ export class MemoryTrimmer {
   private readonly sample: () => MemorySample;
   private readonly trim: () => Promise<boolean>;
   private readonly collect: () => void;
+  private readonly confirmMs: number;
+  private readonly wait: (ms: number) => Promise<void>;
+  private stopped = false;
   private readonly quiet: number;
   private readonly trimsAfterBusy: number;
   private readonly growth: number;
@@ -83,6 +91,9 @@ export class MemoryTrimmer {
     this.sample = o.sample ?? eventLoopSampler();
     this.trim = o.trim ?? mallocTrim;
     this.collect = o.collect ?? fullCollection;
+    this.confirmMs = o.confirmMs ?? 200;
+    this.wait =
+      o.wait ?? ((ms) => new Promise<void>((resolve) => void o.clock.setTimer(ms, resolve)));
     this.quiet = o.quietUtilization ?? 0.05;
     this.trimsAfterBusy = o.trimsAfterBusy ?? 4;
     this.growth = o.growthBytes ?? 8 * 1024 * 1024;
@@ -97,6 +108,7 @@ export class MemoryTrimmer {
   }
 
   stop(): void {
+    this.stopped = true;
     this.timer?.cancel();
     this.timer = null;
   }
@@ -117,8 +129,13 @@ export class MemoryTrimmer {
       }
       const grown = s.rss - this.rssAfterTrim >= this.growth;
       if (this.owed === 0 && !grown) return;
-      // The first quiet interval after a busy one: the load's garbage goes first.
-      if (this.owed === this.trimsAfterBusy) this.collect();
+      // The first quiet interval after a busy one: the load's garbage goes first,
+      // if the loop is still quiet now (see the module comment).
+      if (this.owed === this.trimsAfterBusy) {
+        await this.wait(this.confirmMs);
+        if (this.stopped || this.sample().utilization >= this.quiet) return;
+        this.collect();
+      }
       if (this.owed > 0) this.owed--;
       if (!(await this.trim())) {
         this.disabled = true;
