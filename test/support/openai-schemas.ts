@@ -29,7 +29,7 @@
  * holding `reference/`), else as `../shared/` beside the repository root.
  */
 import { existsSync, readFileSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Ajv2020, type ErrorObject, type ValidateFunction } from 'ajv/dist/2020.js';
 
@@ -53,10 +53,18 @@ function repoRoot(): string {
   }
 }
 
+/**
+ * The reference schemas: SWITCHYARD_SHARED_DIR if set, else the team's shared
+ * directory beside the checkout, else the copy in test/fixtures/ (the same file,
+ * OpenAI's MIT-licensed OpenAPI spec, its origin in its `$comment`), so a clone
+ * anywhere runs the suite. Update the copy when the shared one changes.
+ */
 export function schemaFilePath(): string {
   const fromEnv = process.env.SWITCHYARD_SHARED_DIR;
   if (fromEnv) return resolve(fromEnv, SCHEMA_FILE);
-  return resolve(repoRoot(), '..', 'shared', SCHEMA_FILE);
+  const shared = resolve(repoRoot(), '..', 'shared', SCHEMA_FILE);
+  if (existsSync(shared)) return shared;
+  return resolve(repoRoot(), 'test', 'fixtures', basename(SCHEMA_FILE));
 }
 
 // ---------------------------------------------------------------------------
