@@ -134,8 +134,20 @@ describe('capacity', () => {
     const second = await post();
     assert.equal(second.status, 429);
     assert.equal(second.headers.get('retry-after'), '1');
-    const body = (await second.json()) as { error: { code: string } };
+    const body = (await second.json()) as { error: Record<string, unknown> };
     assert.equal(body.error.code, 'capacity_exceeded');
+    // Every 429 carries what rate_limit_exceeded carries (spec, Errors → Envelope).
+    assert.equal(body.error.retry_after, 1);
+    const strategy = body.error.retry_strategy as Record<string, unknown>;
+    assert.deepEqual(Object.keys(strategy).sort(), [
+      'initial_delay_ms',
+      'jitter',
+      'max_delay_ms',
+      'multiplier',
+      'type',
+    ]);
+    assert.equal(strategy.type, 'exponential_backoff');
+    assert.equal(strategy.initial_delay_ms, 1000);
     s.clock.advance(10_000);
     // The sim's per-token sleeps run on the fake clock too: keep it ticking.
     let done = false;

@@ -10,9 +10,13 @@
 import assert from 'node:assert/strict';
 import { setImmediate as tick } from 'node:timers/promises';
 import { afterEach, describe, it } from 'node:test';
-import { tables } from '../../src/store/index.js';
 import type { SimWorkerOptions } from '../../src/workers/sim/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceFixture,
+  sseErrorEvent,
+  usageStatuses,
+  type InferenceFixture,
+} from '../support/inference.js';
 
 async function until(cond: () => boolean, what: string, max = 2000): Promise<void> {
   for (let i = 0; i < max; i++) {
@@ -46,18 +50,6 @@ function watch(p: Promise<Response>) {
 
 function queued(f: InferenceFixture): number {
   return f.server.services.pool.queueDepths().reduce((n, q) => n + q.depth, 0);
-}
-
-function errorEvent(text: string): Record<string, unknown> {
-  const m = text.match(/event: error\ndata: (.*)\n\n/);
-  assert.ok(m, `no error event in:\n${text}`);
-  return (JSON.parse(m[1]!) as { error: Record<string, unknown> }).error;
-}
-
-async function usageStatuses(f: InferenceFixture): Promise<string[]> {
-  await f.server.services.usage.flush();
-  const rows = await f.server.services.store.db.select().from(tables.usageRecords);
-  return rows.map((r) => r.status).sort();
 }
 
 function fixture(sim: SimWorkerOptions): Promise<InferenceFixture> {
@@ -102,7 +94,7 @@ describe('the tier deadline and the router queue (free tier, 30 s)', () => {
     assert.equal(body.error.type, 'timeout_error');
     assert.equal(body.error.code, 'request_timeout');
     await until(() => f.worker.stats().aborted >= 1, 'the upstream abort');
-    assert.deepEqual(await usageStatuses(f), ['completed', 'timeout']);
+    assert.deepEqual((await usageStatuses(f)).sort(), ['completed', 'timeout']);
   });
 
   it('a deadline that passes while queued: 408 (non-streaming) and the SSE timeout event (streaming), not 429', async () => {
@@ -133,7 +125,7 @@ describe('the tier deadline and the router queue (free tier, 30 s)', () => {
     assert.match(sse.headers.get('x-request-id') ?? '', /^chatcmpl-/);
     assert.equal(sse.headers.get('x-service-worker-id'), null);
     const text = await sse.text();
-    const err = errorEvent(text);
+    const err = sseErrorEvent(text);
     assert.equal(err.type, 'timeout_error');
     assert.equal(err.code, 'request_timeout');
     assert.ok(!text.includes('[DONE]'));

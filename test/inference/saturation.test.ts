@@ -1,16 +1,17 @@
 /**
  * Saturation answers: a worker that answers 429 is saturated, not broken, so the
  * request goes to another worker of the endpoint's pool; with none free the client
- * gets 429 `capacity_exceeded` with the worker's `Retry-After` (else 1). Every 429,
- * the router's own included, carries `Retry-After`, `retry_after` and
- * `retry_strategy` (spec, Errors → Envelope), the same fields as the rate limits'.
+ * gets 429 `capacity_exceeded` with the worker's `Retry-After` (else 1). Every 429
+ * carries `Retry-After`, `retry_after` and `retry_strategy` (spec, Errors → Envelope),
+ * the same fields as the rate limits'; the router's own (its workers all busy) is in
+ * failover.test.ts.
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
-import { clockSleep, startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
 
 const RETRY_STRATEGY_KEYS = ['initial_delay_ms', 'jitter', 'max_delay_ms', 'multiplier', 'type'];
@@ -143,63 +144,5 @@ describe('a worker answering 429', () => {
       assert.equal(a.headers.get('x-service-worker-id'), 'good');
     }
     assert.ok(busy.state.hits >= before + 1, 'the saturated worker was never tried first');
-  });
-});
-
-describe("the router's own 429 capacity_exceeded", () => {
-  let s: TestServer;
-  let w: SimWorker;
-  after(async () => {
-    await s.close();
-    await w.close();
-  });
-
-  it('carries Retry-After, retry_after and retry_strategy, the fields of rate_limit_exceeded', async () => {
-    s = await startTestServer({
-      env: { SWITCHYARD_WORKER_MAX_INFLIGHT: '1', SWITCHYARD_ROUTER_QUEUE_DEPTH: '0' },
-    });
-    w = await startSimWorker({
-      model: 'cm',
-      ttftMs: 10_000,
-      sleep: clockSleep(s.clock),
-      clock: s.clock,
-    });
-    await s.admin('POST', '/models', { name: 'cm', context_window: 4096 });
-    await s.admin('POST', '/workers', { model: 'cm', tier: 'gpu', url: w.url });
-    const p = await s.admin('POST', '/projects', { slug: 'cap', name: 'Cap' });
-    await s.admin('POST', '/projects/cap/endpoints', {
-      slug: 'chat',
-      name: 'C',
-      model: 'cm',
-      tier: 'gpu',
-    });
-    const k = await s.admin('POST', '/projects/cap/keys', {});
-    const url = `${s.url}/${String(p.body.id)}/chat/v1/chat/completions`;
-    const key = String(k.body.key);
-
-    const first = chat(url, key, { max_tokens: 2 });
-    while (w.stats().received < 1) await new Promise((r) => setTimeout(r, 5));
-    const capacity = await chat(url, key, { max_tokens: 2 });
-    assert.equal(capacity.status, 429);
-    assert.equal(capacity.error?.code, 'capacity_exceeded');
-    assertRetryFields(capacity, 1);
-
-    // A key quota refusal, for the comparison: the same fields in the error object.
-    const tight = await s.admin('POST', '/projects/cap/keys', { quotaRequests: 1 });
-    const tightKey = String(tight.body.key);
-    let limited: Answer | undefined;
-    for (let i = 0; i < 2; i++) limited = await chat(url, tightKey, { max_tokens: 2 });
-    assert.equal(limited?.status, 429);
-    assert.equal(limited?.error?.code, 'rate_limit_exceeded');
-    assert.deepEqual(Object.keys(capacity.error!).sort(), Object.keys(limited!.error!).sort());
-
-    // Let the first request finish (the sim's sleeps run on the fake clock).
-    let done = false;
-    void first.finally(() => (done = true));
-    while (!done) {
-      s.clock.advance(1_000);
-      await new Promise((r) => setTimeout(r, 1));
-    }
-    assert.equal((await first).status, 200);
   });
 });

@@ -7,7 +7,12 @@ import assert from 'node:assert/strict';
 import { setImmediate as tick } from 'node:timers/promises';
 import { after, afterEach, describe, it } from 'node:test';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceFixture,
+  sseErrorEvent,
+  usageStatuses,
+  type InferenceFixture,
+} from '../support/inference.js';
 
 async function until(cond: () => boolean, what: string, max = 2000): Promise<void> {
   for (let i = 0; i < max; i++) {
@@ -43,18 +48,6 @@ function reader(res: Response) {
   return state;
 }
 
-function errorEvent(text: string): Record<string, unknown> {
-  const m = text.match(/event: error\ndata: (.*)\n\n/);
-  assert.ok(m, `no error event in:\n${text}`);
-  return (JSON.parse(m[1]!) as { error: Record<string, unknown> }).error;
-}
-
-async function usageStatuses(f: InferenceFixture): Promise<string[]> {
-  await f.server.services.usage.flush();
-  const rows = await f.server.services.store.db.select().from(tables.usageRecords);
-  return rows.map((r) => r.status);
-}
-
 describe('timeouts on the free tier (deadline 30 s)', () => {
   let f: InferenceFixture;
   afterEach(() => f?.close());
@@ -84,7 +77,7 @@ describe('timeouts on the free tier (deadline 30 s)', () => {
     const res = await pending;
     assert.equal(res.status, 200);
     const text = await res.text();
-    const err = errorEvent(text);
+    const err = sseErrorEvent(text);
     assert.equal(err.type, 'timeout_error');
     assert.equal(typeof err.message, 'string');
     assert.ok(!text.includes('[DONE]'));
@@ -117,7 +110,7 @@ describe('idle timeouts on the cpu tier (deadline 300 s, idle 600 s)', () => {
     assert.ok(!s.text.includes('event: error'));
     f.server.clock.advance(1_000);
     await until(() => s.done, 'the stream to end');
-    assert.equal(errorEvent(s.text).type, 'timeout_error');
+    assert.equal(sseErrorEvent(s.text).type, 'timeout_error');
     await until(() => f.worker.stats().aborted >= 1, 'the upstream abort');
   });
 
@@ -129,7 +122,7 @@ describe('idle timeouts on the cpu tier (deadline 300 s, idle 600 s)', () => {
     assert.ok(!s.text.includes('event: error'));
     f.server.clock.advance(1_000);
     await until(() => s.done, 'the stream to end');
-    assert.equal(errorEvent(s.text).type, 'timeout_error');
+    assert.equal(sseErrorEvent(s.text).type, 'timeout_error');
     assert.ok(!s.text.includes('reasoning'));
     await until(() => f.worker.stats().aborted > before, 'the upstream abort');
   });
@@ -169,7 +162,7 @@ describe('a worker that dies mid-stream', () => {
     });
     const res = await post(f, { stream: true, max_tokens: 40 });
     const text = await res.text();
-    const err = errorEvent(text);
+    const err = sseErrorEvent(text);
     assert.equal(err.code, 'cancelled');
     assert.equal('type' in err, false);
     assert.ok(!text.includes('[DONE]'));

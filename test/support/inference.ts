@@ -3,7 +3,9 @@
  * and tier, a project, an endpoint and a key, and an OpenAI SDK client pointed
  * at the endpoint's base URL.
  */
+import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { tables } from '../../src/store/index.js';
 import {
   clockSleep,
   startSimWorker,
@@ -99,4 +101,18 @@ export async function inferenceFixture(
       await worker.close();
     },
   };
+}
+
+/** The `error` object of the SSE event named `error` in a stream's text. */
+export function sseErrorEvent(text: string): Record<string, unknown> {
+  const m = text.match(/event: error\ndata: (.*)\n\n/);
+  assert.ok(m, `no error event in:\n${text}`);
+  return (JSON.parse(m[1]!) as { error: Record<string, unknown> }).error;
+}
+
+/** The status of every usage record written so far (the recorder flushed first). */
+export async function usageStatuses(f: InferenceFixture): Promise<string[]> {
+  await f.server.services.usage.flush();
+  const rows = await f.server.services.store.db.select().from(tables.usageRecords);
+  return rows.map((r) => r.status);
 }
