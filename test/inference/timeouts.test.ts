@@ -10,18 +10,10 @@ import { tables } from '../../src/store/index.js';
 import {
   inferenceFixture,
   sseErrorEvent,
+  until,
   usageStatuses,
   type InferenceFixture,
 } from '../support/inference.js';
-
-async function until(cond: () => boolean, what: string, max = 2000): Promise<void> {
-  for (let i = 0; i < max; i++) {
-    if (cond()) return;
-    await tick();
-    if (i % 50 === 49) await new Promise((r) => setTimeout(r, 2));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 function post(f: InferenceFixture, body: Record<string, unknown>, signal?: AbortSignal) {
   return fetch(`${f.baseURL}/chat/completions`, {

@@ -4,6 +4,7 @@
  * at the endpoint's base URL.
  */
 import assert from 'node:assert/strict';
+import { setImmediate as tick } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
 import {
@@ -115,4 +116,17 @@ export async function usageStatuses(f: InferenceFixture): Promise<string[]> {
   await f.server.services.usage.flush();
   const rows = await f.server.services.store.db.select().from(tables.usageRecords);
   return rows.map((r) => r.status);
+}
+
+/**
+ * Waits until `cond` holds, turning the event loop (a few real milliseconds in all):
+ * for fake-clock tests, where time moves only when the test advances it.
+ */
+export async function until(cond: () => boolean, what: string, max = 2000): Promise<void> {
+  for (let i = 0; i < max; i++) {
+    if (cond()) return;
+    await tick();
+    if (i % 50 === 49) await new Promise((r) => setTimeout(r, 2));
+  }
+  throw new Error(`timed out waiting for ${what}`);
 }
