@@ -5,6 +5,7 @@
  * the app closes, new requests get 503 `unavailable` in the error envelope.
  */
 import { randomUUID } from 'node:crypto';
+import proxyAddr from '@fastify/proxy-addr';
 import Fastify, {
   LogController,
   type FastifyBaseLogger,
@@ -36,6 +37,41 @@ export interface AppOptions {
 /** Probes and scrapes stay reachable over plain HTTP inside the cluster. */
 const PLAIN_HTTP_PATHS = new Set(['/healthz', '/readyz', '/metrics']);
 const HSTS = 'max-age=31536000; includeSubDomains';
+
+/**
+ * Production refuses it: plain HTTP, probes excepted. `protocol` honours
+ * X-Forwarded-Proto only from a trusted proxy (Fastify's request.protocol does).
+ */
+function plainHttp(
+  request: FastifyRequest,
+  protocol: string | undefined = request.protocol,
+): boolean {
+  return protocol !== 'https' && !PLAIN_HTTP_PATHS.has(request.url.split('?', 1)[0]!);
+}
+
+/**
+ * The protocol as Fastify's trust-proxy requests compute it (the last
+ * X-Forwarded-Proto when the peer is a trusted proxy, else the socket's). Needed
+ * where Fastify hands over a request built without that logic: its bad-URL path.
+ */
+function forwardedProtocol(
+  request: FastifyRequest,
+  trusted: ((address: string, hop: number) => boolean) | null,
+): string {
+  const socket = request.raw.socket;
+  const proto = request.headers['x-forwarded-proto'];
+  if (proto && trusted && socket.remoteAddress && trusted(socket.remoteAddress, 0)) {
+    const value = Array.isArray(proto) ? proto[proto.length - 1]! : proto;
+    return value.slice(value.lastIndexOf(',') + 1).trim();
+  }
+  return (socket as { encrypted?: boolean }).encrypted ? 'https' : 'http';
+}
+
+function httpsRequired(): ServiceError {
+  return new ServiceError('https_required', {
+    message: 'Plain HTTP is refused in production; use https:// (or a trusted TLS proxy).',
+  });
+}
 
 export function requestId(url: string | undefined): string {
   const hex = randomUUID().replaceAll('-', '');
@@ -76,6 +112,11 @@ export async function buildApp(
   services: Services,
   opts: AppOptions = {},
 ): Promise<FastifyInstance> {
+  const production = services.config.env === 'production';
+  // One trust decision for Fastify's requests and for the bad-URL path below.
+  const trusted = services.config.trustedProxies.length
+    ? proxyAddr.compile(services.config.trustedProxies)
+    : null;
   const app = Fastify({
     ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
     loggerInstance: services.logger as FastifyBaseLogger,
@@ -90,13 +131,20 @@ export async function buildApp(
     // Checked against Content-Length before reading and while streaming a chunked
     // body, so an oversized body is refused (413) without being buffered whole.
     bodyLimit: services.config.maxBodyBytes,
-    trustProxy: services.config.trustedProxies.length ? services.config.trustedProxies : false,
+    trustProxy: trusted ?? false,
     // The 503 during shutdown is ours (onRequest below): Fastify's own has
     // neither the error envelope nor X-Request-ID.
     return503OnClosing: false,
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
+    // Paths Fastify refuses before routing (bad percent-encoding, an over-long
+    // segment) run no hooks: production's rules are applied here as well.
     frameworkErrors: (err, request, reply) => {
       reply.header('X-Request-ID', request.id);
+      if (production) {
+        reply.header('Strict-Transport-Security', HSTS);
+        const protocol = forwardedProtocol(request, trusted);
+        if (plainHttp(request, protocol)) return void sendError(reply, httpsRequired());
+      }
       void sendError(reply, frameworkError(err, request));
     },
   });
@@ -109,9 +157,10 @@ export async function buildApp(
     closing = true;
     done();
   });
-  const production = services.config.env === 'production';
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('X-Request-ID', request.id);
+    // Every production response, the drain's 503 included.
+    if (production) reply.header('Strict-Transport-Security', HSTS);
     if (closing) {
       // Sent here rather than thrown: a refusal while draining is expected, not a
       // failure for the error log. Replying ends the request; done() is not called.
@@ -123,18 +172,9 @@ export async function buildApp(
       );
       return;
     }
-    if (production) {
-      reply.header('Strict-Transport-Security', HSTS);
-      // request.protocol honours X-Forwarded-Proto only from trusted proxies.
-      const path = request.url.split('?', 1)[0]!;
-      if (request.protocol !== 'https' && !PLAIN_HTTP_PATHS.has(path)) {
-        done(
-          new ServiceError('https_required', {
-            message: 'Plain HTTP is refused in production; use https:// (or a trusted TLS proxy).',
-          }),
-        );
-        return;
-      }
+    if (production && plainHttp(request)) {
+      done(httpsRequired());
+      return;
     }
     done();
   });

@@ -56,6 +56,14 @@ describe('HTTPS and production mode', () => {
     assert.equal((r.body.error as Record<string, unknown>).code, 'https_required');
     assert.match(String(r.headers['strict-transport-security']), /max-age=\d+/);
     assert.equal((await http('GET', `${url}/healthz`)).status, 200);
+    // A path Fastify refuses before routing (bad percent-encoding, an over-long
+    // segment) gets the same treatment: refused over plain HTTP, with HSTS.
+    for (const path of ['/%zz', `/${'a'.repeat(300)}/v1/keys`]) {
+      const bad = await http('GET', `${url}${path}`);
+      assert.equal(bad.status, 403, path);
+      assert.equal((bad.body.error as Record<string, unknown>).code, 'https_required');
+      assert.match(String(bad.headers['strict-transport-security']), /max-age=\d+/);
+    }
   });
 
   it('serves TLS from the configured files and accepts requests over it', async () => {
@@ -99,6 +107,11 @@ describe('HTTPS and production mode', () => {
       headers: { 'x-forwarded-proto': 'https' },
     });
     assert.equal(r.status, 200);
+    // Over the trusted proxy's HTTPS, a path refused before routing is a 404 with HSTS.
+    const bad = await http('GET', `${url}/%zz`, { headers: { 'x-forwarded-proto': 'https' } });
+    assert.equal(bad.status, 404);
+    assert.equal((bad.body.error as Record<string, unknown>).code, 'route_not_found');
+    assert.match(String(bad.headers['strict-transport-security']), /max-age=\d+/);
   });
 });
 
