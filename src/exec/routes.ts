@@ -30,8 +30,8 @@ interface P {
 
 export function execRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    const management = { preHandler: requireKey(s.verifier, 'management') };
-    const execution = { preHandler: requireKey(s.verifier, 'execution') };
+    const management = { preParsing: requireKey(s.verifier, 'management') };
+    const execution = { preParsing: requireKey(s.verifier, 'execution') };
     const x = s.exec;
     const m = x.management;
     const pid = (r: FastifyRequest) => r.apiKey!.projectId;
@@ -166,22 +166,11 @@ export function execRoutes(s: Services): FastifyPluginAsync {
 /**
  * The execution surface's body rules (spec, execution-surface codes): a body
  * that fails JSON decoding is `invalid_body`, not the inference API's
- * `invalid_json`; and an empty body sent as `application/json` is `{}`, so the
- * routes that take no body (cancel, approve) or only optional fields (reject,
- * workspaces) accept what many clients send for a bodiless POST.
+ * `invalid_json`. (An empty body sent as `application/json` is `{}` everywhere,
+ * http/json-body.ts, so cancel and approve accept a bodiless POST.)
  */
 function execBodies(app: FastifyInstance): void {
   app.setErrorHandler(execErrorHandler);
-  const json = app.getDefaultJsonParser('error', 'error');
-  app.removeContentTypeParser('application/json');
-  app.addContentTypeParser<string>(
-    'application/json',
-    { parseAs: 'string' },
-    (request, body, done) => {
-      if (body.length === 0) done(null, {});
-      else json(request, body, done);
-    },
-  );
 }
 
 /**

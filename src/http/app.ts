@@ -14,6 +14,7 @@ import Fastify, {
   type FastifyRequest,
 } from 'fastify';
 import { inferenceRoutes } from '../inference/routes.js';
+import { emptyJsonIsObject } from './json-body.js';
 import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
 import { execRoutes } from '../exec/routes.js';
@@ -203,6 +204,7 @@ export async function buildApp(
   });
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler(notFoundHandler);
+  emptyJsonIsObject(app);
 
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/metrics', async (_request, reply) => {

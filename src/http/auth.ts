@@ -6,7 +6,7 @@
  * scope must be granted (403 `scope_insufficient`). The client address is the
  * socket's, or X-Forwarded-For from SWITCHYARD_TRUSTED_PROXIES only.
  */
-import type { FastifyRequest, preHandlerAsyncHookHandler } from 'fastify';
+import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import {
   ipAllowed,
@@ -70,8 +70,12 @@ export async function authenticateKey(
   return v.key;
 }
 
-/** A preHandler for routes with a `:projectId` parameter. */
-export function requireKey(verifier: KeyVerifier, scope: Scope | null): preHandlerAsyncHookHandler {
+/**
+ * A `preParsing` hook for routes with a `:projectId` parameter: the key is checked
+ * before the body is read, so a request without a valid key is 401 whatever its
+ * body holds (spec: missing or malformed keys get 401), never a JSON error.
+ */
+export function requireKey(verifier: KeyVerifier, scope: Scope | null): preParsingAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
     await authenticateKey(verifier, request, projectId, scope);

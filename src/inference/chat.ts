@@ -39,6 +39,7 @@ import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import type { ExecService } from '../exec/service.js';
 import { authenticateKey } from '../http/auth.js';
+import { decoded } from '../http/json-body.js';
 import { tooManyRequests, type Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
 import { renderForIndex } from '../routing/prefix-index.js';
@@ -216,6 +217,8 @@ export class ChatCompletions {
       endpointSlug: string;
     };
     const key = await authenticateKey(d.verifier, request, projectId, 'inference');
+    // A body that did not decode answers right after the key (http/json-body.ts).
+    const body = decoded(request.body);
     const endpoint = await d.endpoints(key.projectId, endpointSlug);
     if (!endpoint) {
       throw new ServiceError('endpoint_not_found', {
@@ -248,7 +251,7 @@ export class ChatCompletions {
       }),
     );
 
-    const req = parseChatRequest(request.body);
+    const req = parseChatRequest(body);
     if (req.xExec) {
       if (!key.scopes.includes('execution')) {
         throw new ServiceError('scope_insufficient', {

@@ -1,5 +1,6 @@
 /** The inference routes under `/<project_id>/<endpoint_slug>/v1`. */
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import { deferJsonErrors } from '../http/json-body.js';
 import type { Services } from '../runtime/services.js';
 import { ChatCompletions } from './chat.js';
 
@@ -22,6 +23,8 @@ export function inferenceRoutes(s: Services): FastifyPluginAsync {
       metrics: s.metrics,
       sloTargets: (endpointId) => s.slos.targets(endpointId),
     });
+    // The key is checked in the handler; a malformed body must not answer first.
+    deferJsonErrors(app);
     app.post('/:projectId/:endpointSlug/v1/chat/completions', chat.handle);
   };
 }

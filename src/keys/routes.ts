@@ -13,7 +13,7 @@ interface P {
 
 export function keyRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preHandler', requireKey(s.verifier, 'management'));
+    app.addHook('preParsing', requireKey(s.verifier, 'management'));
     const project = (req: { apiKey?: { projectId: string; projectSlug: string } }) => ({
       id: req.apiKey!.projectId,
       slug: req.apiKey!.projectSlug,

@@ -29,7 +29,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
     // models an `x_exec` chat request can use).
     app.get<{ Params: ProjectParams; Querystring: { capability?: string | string[] } }>(
       '/:projectId/v1/models',
-      { preHandler: inference },
+      { preParsing: inference },
       async (request) => {
         const want = request.query.capability;
         if (want !== undefined && (typeof want !== 'string' || !isCapability(want))) {
@@ -51,7 +51,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
     // into a malformed sequence (and a 500) and misread names containing `%`.
     app.get<{ Params: ProjectParams & { '*': string } }>(
       '/:projectId/v1/models/*',
-      { preHandler: inference },
+      { preParsing: inference },
       async (request) => {
         const name = request.params['*'];
         const m = await s.models.findByName(name);
@@ -67,7 +67,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
 
     app.get<{ Params: ProjectParams }>(
       '/:projectId/v1/endpoints',
-      { preHandler: anyScope },
+      { preParsing: anyScope },
       async (request) => {
         const key = request.apiKey!;
         const rows = await s.endpoints.list(key.projectId);
@@ -77,7 +77,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
 
     app.get<{ Params: ProjectParams & { endpointSlug: string } }>(
       '/:projectId/:endpointSlug/v1/models',
-      { preHandler: inference },
+      { preParsing: inference },
       async (request) => {
         const key = request.apiKey!;
         const e = await s.endpoints.get(key.projectId, request.params.endpointSlug);

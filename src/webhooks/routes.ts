@@ -22,8 +22,10 @@ interface Params {
 
 export function webhookRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preHandler', requireKey(s.verifier, 'management'));
-    app.addHook('preHandler', async (request, reply) => {
+    // Both before the body is read: the key, the endpoint binding and the
+    // management limit decide before a malformed body can (spec: 401 first).
+    app.addHook('preParsing', requireKey(s.verifier, 'management'));
+    app.addHook('preParsing', async (request, reply) => {
       const { endpointSlug } = request.params as Params;
       const key = request.apiKey!;
       if (endpointSlug !== undefined) {

@@ -1,0 +1,114 @@
+/**
+ * The API key decides before the body: a request with a missing or bad key is 401
+ * (spec: "Expired, revoked, missing or malformed keys get 401") whatever its body
+ * holds, on every project surface, the chat route included; with a valid key the
+ * same body is the JSON error it is. And an empty body sent as `application/json`
+ * is `{}`, so bodiless POSTs and DELETEs that carry the header are accepted.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import { http, seedProject, startTestServer, type TestServer } from '../support/harness.js';
+
+const JSON_TYPE = { 'content-type': 'application/json' };
+
+describe('the key before the body', () => {
+  let s: TestServer;
+  let w: SimWorker;
+  let p: Awaited<ReturnType<typeof seedProject>>;
+  before(async () => {
+    // Webhook URLs on loopback (no DNS needed); a worker so the chat route gets to its body.
+    s = await startTestServer({ env: { SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8' } });
+    w = await startSimWorker({ model: 'test-model' });
+    p = await seedProject(s, {
+      slug: 'kbb',
+      scopes: ['inference', 'management', 'execution'],
+    });
+    const r = await s.admin('POST', '/workers', { model: 'test-model', tier: 'cpu', url: w.url });
+    assert.equal(r.status, 201, r.text);
+  });
+  after(async () => {
+    await s.close();
+    await w.close();
+  });
+
+  const routes = () => [
+    ['POST', `/${p.projectId}/main/v1/chat/completions`],
+    ['POST', `/${p.projectId}/v1/keys`],
+    ['POST', `/${p.projectId}/main/v1/webhooks`],
+    ['POST', `/${p.projectId}/v1/webhooks`],
+    ['POST', `/${p.projectId}/v1/slos`],
+    ['POST', `/${p.projectId}/v1/exec/invocations`],
+  ];
+
+  it('no key, or a bad one, with a malformed or empty body: 401', async () => {
+    for (const [method, path] of routes()) {
+      for (const [auth, code] of [
+        [undefined, 'missing_api_key'],
+        [`Bearer swy_kbb_${'x'.repeat(43)}`, 'invalid_api_key'],
+        ['Bearer not-a-key', 'invalid_api_key'],
+      ] as const) {
+        for (const rawBody of ['{bad', '']) {
+          const r = await http(method!, `${s.url}${path}`, {
+            ...(auth ? { auth } : {}),
+            rawBody,
+            headers: JSON_TYPE,
+          });
+          assert.equal(r.status, 401, `${path} ${auth ?? 'no key'} ${JSON.stringify(rawBody)}`);
+          assert.equal((r.body.error as Record<string, unknown>).code, code, r.text);
+        }
+      }
+    }
+  });
+
+  it('a valid key with a malformed body: the JSON error of the route', async () => {
+    for (const [method, path] of routes()) {
+      const r = await http(method!, `${s.url}${path}`, {
+        auth: `Bearer ${p.key}`,
+        rawBody: '{bad',
+        headers: JSON_TYPE,
+      });
+      assert.equal(r.status, 400, `${path}: ${r.text}`);
+      const code = (r.body.error as Record<string, unknown>).code;
+      // The execution surface folds decoding errors into invalid_body (its code table).
+      assert.equal(code, path!.includes('/exec/') ? 'invalid_body' : 'invalid_json', path);
+    }
+  });
+
+  it('an empty body sent as application/json: {} (bodiless routes succeed, others name the field)', async () => {
+    const auth = `Bearer ${p.key}`;
+    const created = await http('POST', `${s.url}/${p.projectId}/v1/webhooks`, {
+      auth,
+      body: { url: 'https://127.0.0.1:9/hook', events: ['exec.completed'] },
+    });
+    assert.equal(created.status, 201, created.text);
+    const id = String(created.body.id);
+    const empty = { auth, rawBody: '', headers: JSON_TYPE };
+
+    // A create with nothing in it: which field is missing, not a JSON error.
+    const bare = await http('POST', `${s.url}/${p.projectId}/v1/webhooks`, empty);
+    assert.equal(bare.status, 400);
+    assert.deepEqual(
+      [
+        (bare.body.error as Record<string, unknown>).code,
+        (bare.body.error as Record<string, unknown>).param,
+      ],
+      ['invalid_body', 'url'],
+    );
+    // Key rotation without new scopes, then the webhook's deletion.
+    const key = await http('POST', `${s.url}/${p.projectId}/v1/keys`, {
+      auth,
+      body: { scopes: ['inference'] },
+    });
+    assert.equal(key.status, 201, key.text);
+    const rotated = await http(
+      'POST',
+      `${s.url}/${p.projectId}/v1/keys/${String(key.body.id)}/rotate`,
+      empty,
+    );
+    assert.equal(rotated.status, 200, rotated.text);
+    const deleted = await http('DELETE', `${s.url}/${p.projectId}/v1/webhooks/${id}`, empty);
+    assert.equal(deleted.status, 200, deleted.text);
+    assert.equal(deleted.body.deleted, true);
+  });
+});
