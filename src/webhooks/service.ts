@@ -107,6 +107,8 @@ export function publicDelivery(d: DeliveryRow) {
   };
 }
 
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 export class WebhookService {
   constructor(
     private readonly db: Db,
@@ -164,7 +166,7 @@ export class WebhookService {
   }
 
   private async row(projectId: string, id: string): Promise<EndpointRow> {
-    const rows = /^[0-9a-f-]{36}$/i.test(id)
+    const rows = UUID.test(id)
       ? await this.db
           .select()
           .from(W)
@@ -196,11 +198,15 @@ export class WebhookService {
     projectId: string,
     after: string,
   ): Promise<{ createdAt: Date; id: string }> {
-    const rows = await this.db
-      .select({ createdAt: t.createdAt, id: t.id })
-      .from(t)
-      .where(and(eq(t.projectId, projectId), eq(t.id, after)))
-      .limit(1);
+    // Webhook ids are UUIDs in a uuid column: anything else is no cursor, not a query error.
+    const rows =
+      t === W && !UUID.test(after)
+        ? []
+        : await this.db
+            .select({ createdAt: t.createdAt, id: t.id })
+            .from(t)
+            .where(and(eq(t.projectId, projectId), eq(t.id, after)))
+            .limit(1);
     if (!rows[0]) {
       throw new ServiceError('invalid_body', {
         message: `Unknown cursor '${after}'.`,

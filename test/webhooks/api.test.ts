@@ -221,6 +221,16 @@ describe('webhook API', () => {
     const bad = await call('GET', `${base}/${id}/deliveries?limit=500`);
     assert.equal(bad.status, 400);
     assert.equal(err(bad).param, 'limit');
+    // A cursor that names nothing is bad input, whatever its form (was a 500 for a non-UUID).
+    for (const path of [
+      `${base}?after=zzz`,
+      `${base}?after=00000000-0000-4000-8000-000000000000`,
+      `${base}/${id}/deliveries?after=zzz`,
+    ]) {
+      const r = await call('GET', path);
+      assert.equal(r.status, 400, `${path}: ${r.text}`);
+      assert.deepEqual([err(r).code, err(r).param], ['invalid_body', 'after']);
+    }
     const delivered = all.find((d) => d.status === 'delivered')!;
     rx.behaviour = () => 'ok';
     const re = await call('POST', `${base}/${id}/deliveries/${String(delivered.id)}/redeliver`);
