@@ -233,9 +233,14 @@ export class Limits {
     reply.headers(headers);
   }
 
-  /** A named rolling-window limit (e.g. webhook test deliveries: 10 per hour). */
+  /**
+   * A named rolling-window limit (e.g. webhook test deliveries: 10 per hour). Its
+   * 429 carries Retry-After and the retry fields but no RateLimit headers: those
+   * describe the route's own limit (the management limit on webhook routes),
+   * which the reply already carries and this must not overwrite.
+   */
   async window(key: string, limit: number, windowMs: number, message: string): Promise<void> {
     const ds = await this.acquire([{ kind: 'window', key, limit, windowMs }], 'other');
-    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, rateHeaders(ds[0]!), message);
+    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, {}, message);
   }
 }
