@@ -124,7 +124,12 @@ export class KeyRepository {
     const { value, hash, prefix } = generateKey(project.slug);
     const found = await this.db.transaction(async (tx) => {
       const rows = await tx
-        .select({ id: apiKeys.id, revokedAt: apiKeys.revokedAt, expiresAt: apiKeys.expiresAt })
+        .select({
+          id: apiKeys.id,
+          revokedAt: apiKeys.revokedAt,
+          expiresAt: apiKeys.expiresAt,
+          scopes: apiKeys.scopes,
+        })
         .from(apiKeys)
         .where(and(eq(apiKeys.projectId, project.id), eq(apiKeys.id, id)))
         .for('update');
@@ -134,9 +139,11 @@ export class KeyRepository {
       if (row.expiresAt && row.expiresAt.getTime() <= now.getTime()) {
         throw new InactiveKeyError('expired');
       }
+      // The value rotated out keeps the scopes it was issued with for its grace
+      // period, whatever scopes the rotation gives the new one.
       await tx
         .update(apiKeySecrets)
-        .set({ validUntil: new Date(now.getTime() + opts.graceMs) })
+        .set({ validUntil: new Date(now.getTime() + opts.graceMs), scopes: row.scopes })
         .where(and(eq(apiKeySecrets.keyId, id), isNull(apiKeySecrets.validUntil)));
       await tx
         .delete(apiKeySecrets)
@@ -165,7 +172,12 @@ export class KeyRepository {
   /** Finds the key a secret value belongs to, by the value's hash. */
   async findBySecretHash(hash: string): Promise<(SecretLookup & { hash: string }) | null> {
     const rows = await this.db
-      .select({ ...keyColumns, hash: apiKeySecrets.hash, validUntil: apiKeySecrets.validUntil })
+      .select({
+        ...keyColumns,
+        hash: apiKeySecrets.hash,
+        validUntil: apiKeySecrets.validUntil,
+        secretScopes: apiKeySecrets.scopes,
+      })
       .from(apiKeySecrets)
       .innerJoin(apiKeys, eq(apiKeys.id, apiKeySecrets.keyId))
       .innerJoin(projects, eq(projects.id, apiKeys.projectId))
@@ -173,8 +185,10 @@ export class KeyRepository {
       .limit(1);
     const row = rows[0];
     if (!row) return null;
-    const { hash: h, validUntil, ...rest } = row;
-    return { record: toRecord(rest), validUntil, hash: h };
+    const { hash: h, validUntil, secretScopes, ...rest } = row;
+    // A rotated-out value acts with the scopes it had (rotate() records them).
+    const record = toRecord(secretScopes ? { ...rest, scopes: secretScopes } : rest);
+    return { record, validUntil, hash: h };
   }
 }
 

@@ -4,6 +4,14 @@
  * for 24 hours, optional new scopes; refused with 409 `invalid_state` once the
  * key is revoked or expired), revoke (permanent). Every change is published so
  * all router instances drop cached verifications.
+ *
+ * Through the key management API the caller is itself a key (an `Actor`), and a key
+ * grants nothing beyond what it holds: a key it creates, or the new value a
+ * rotation hands back, may carry `inference` (the default scope, which issuing
+ * keys for applications is about) and otherwise only scopes the caller has (403
+ * `scope_insufficient`, `param: scopes`): a management key cannot mint itself
+ * `execution` or `research`. Revocation is always allowed. The operator API has
+ * no actor.
  */
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
@@ -32,6 +40,21 @@ interface ProjectRef {
   slug: string;
 }
 
+/** The key calling the key management API. */
+export interface Actor {
+  scopes: readonly string[];
+}
+
+function withinActor(actor: Actor | undefined, scopes: readonly string[]): void {
+  if (!actor) return;
+  const missing = scopes.filter((s) => s !== 'inference' && !actor.scopes.includes(s));
+  if (missing.length === 0) return;
+  throw new ServiceError('scope_insufficient', {
+    message: `A key can only grant scopes it holds; this one lacks ${missing.map((m) => `'${m}'`).join(', ')}.`,
+    param: 'scopes',
+  });
+}
+
 export class KeyService {
   constructor(
     private readonly repo: KeyRepository,
@@ -40,8 +63,14 @@ export class KeyService {
     private readonly clock: Clock,
   ) {}
 
-  async create(project: ProjectRef, rawBody: unknown): Promise<PublicKey & { key: string }> {
+  async create(
+    project: ProjectRef,
+    rawBody: unknown,
+    actor?: Actor,
+  ): Promise<PublicKey & { key: string }> {
     const body = parseBody(createKeyBody, rawBody ?? {});
+    const scopes = body.scopes ?? [...DEFAULT_SCOPES];
+    withinActor(actor, scopes);
     if (body.endpointId && !(await this.endpointExists(project.id, body.endpointId))) {
       throw new ServiceError('endpoint_not_found', {
         message: 'endpointId names no endpoint of this project.',
@@ -59,7 +88,7 @@ export class KeyService {
       project,
       {
         name: body.name,
-        scopes: body.scopes ?? [...DEFAULT_SCOPES],
+        scopes,
         expiresAt: body.expiresAt ? new Date(body.expiresAt) : null,
         allowedIps: body.allowedIps,
         blockedIps: body.blockedIps,
@@ -87,9 +116,16 @@ export class KeyService {
     project: ProjectRef,
     id: string,
     rawBody: unknown,
+    actor?: Actor,
   ): Promise<PublicKey & { key: string }> {
     const body = parseBody(rotateKeyBody, rawBody ?? {});
     if (!UUID.test(id)) throw new ServiceError('key_not_found', { param: 'id' });
+    if (actor) {
+      // The new value acts with these scopes: the caller must hold them all.
+      const current = body.scopes ?? (await this.repo.get(project.id, id))?.scopes;
+      if (!current) throw new ServiceError('key_not_found', { param: 'id' });
+      withinActor(actor, current);
+    }
     const now = this.clock.now();
     let r;
     try {

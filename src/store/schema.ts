@@ -179,6 +179,12 @@ export const apiKeySecrets = pgTable(
       .references(() => apiKeys.id, { onDelete: 'cascade' }),
     /** Null for the current value; the end of the grace period for a rotated-out one. */
     validUntil: timestamp('valid_until', { withTimezone: true, mode: 'date' }),
+    /**
+     * A rotated-out value's scopes: the key's when the value was rotated out, so a
+     * rotation that changes the scopes does not change what the old value may do.
+     * Null for the current value (the key's scopes apply).
+     */
+    scopes: jsonb('scopes').$type<string[]>(),
     createdAt: createdAt(),
   },
   (t) => [index('api_key_secrets_key_idx').on(t.keyId)],

@@ -107,7 +107,6 @@ export function publicDelivery(d: DeliveryRow) {
   };
 }
 
-
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 export class WebhookService {
   constructor(

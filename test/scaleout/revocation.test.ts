@@ -68,26 +68,28 @@ describe(
       assert.ok(ms <= 1000);
     });
 
-    it('after rotation, scope changes reach the other instance within 1 s', async () => {
+    it('after rotation, the other instance serves each value with its own scopes at once', async () => {
       const p = await seedProject(a, { slug: 'multi2', scopes: ['inference', 'management'] });
       const k = await a.call('POST', `/${p.projectId}/v1/keys`, {
         key: p.key,
         body: { scopes: ['inference'] },
       });
       const value = String(k.body.key);
-      const path = `/${p.projectId}/v1/models`;
-      assert.equal((await b.call('GET', path, { key: value })).status, 200);
-      await a.call('POST', `/${p.projectId}/v1/keys/${String(k.body.id)}/rotate`, {
+      const models = `/${p.projectId}/v1/models`;
+      const keys = `/${p.projectId}/v1/keys`;
+      assert.equal((await b.call('GET', models, { key: value })).status, 200);
+      const r = await a.call('POST', `${keys}/${String(k.body.id)}/rotate`, {
         key: p.key,
         body: { scopes: ['management'] },
       });
-      const start = Date.now();
-      for (;;) {
-        const r = await b.call('GET', path, { key: value });
-        if (r.status === 403) break;
-        assert.ok(Date.now() - start < 1000, `still ${r.status}`);
-        await new Promise((res) => setTimeout(res, 20));
-      }
+      assert.equal(r.status, 200, r.text);
+      const fresh = String(r.body.key);
+      // The old value keeps what it was issued with (its grace period), nothing more...
+      assert.equal((await b.call('GET', models, { key: value })).status, 200);
+      assert.equal((await b.call('GET', keys, { key: value })).status, 403);
+      // ...and the new value has the new scopes on the other instance at once.
+      assert.equal((await b.call('GET', keys, { key: fresh })).status, 200);
+      assert.equal((await b.call('GET', models, { key: fresh })).status, 403);
     });
   },
 );

@@ -1,0 +1,1 @@
+ALTER TABLE "api_key_secrets" ADD COLUMN "scopes" jsonb;

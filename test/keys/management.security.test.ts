@@ -1,0 +1,102 @@
+/**
+ * What a key may do through the key management API (spec: scopes are fixed at
+ * creation and changed only by a rotation naming the new list; a rotated key's old
+ * value works for 24 hours):
+ * - a key grants nothing beyond what it holds: `inference` always, any other scope
+ *   only if the caller has it, on creation and on the value a rotation hands back;
+ * - a key bound to an endpoint cannot manage the project's keys;
+ * - a rotated-out value keeps the scopes it was issued with for its grace period,
+ *   whatever the rotation gives the new value (neither losing nor gaining any).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
+
+function err(r: { body: Record<string, unknown> }): Record<string, unknown> {
+  return (r.body.error ?? {}) as Record<string, unknown>;
+}
+
+describe('key management security', () => {
+  let s: TestServer;
+  let p: Awaited<ReturnType<typeof seedProject>>;
+  before(async () => {
+    s = await startTestServer();
+    p = await seedProject(s, { slug: 'sec', scopes: ['management'] });
+  });
+  after(() => s.close());
+
+  const keys = (path = '') => `/${p.projectId}/v1/keys${path}`;
+  const operatorKey = async (body: Record<string, unknown>) => {
+    const r = await s.admin('POST', '/projects/sec/keys', body);
+    assert.equal(r.status, 201, r.text);
+    return { id: String(r.body.id), key: String(r.body.key) };
+  };
+
+  it('a management key mints inference keys, not scopes it lacks', async () => {
+    const ok = await s.call('POST', keys(), { key: p.key, body: {} });
+    assert.equal(ok.status, 201, ok.text);
+    assert.deepEqual(ok.body.scopes, ['inference']);
+    for (const scopes of [['execution'], ['inference', 'research'], ['management', 'execution']]) {
+      const r = await s.call('POST', keys(), { key: p.key, body: { scopes } });
+      assert.equal(r.status, 403, JSON.stringify(scopes));
+      assert.deepEqual([err(r).code, err(r).param], ['scope_insufficient', 'scopes']);
+    }
+    // Holding it is enough.
+    const wide = await operatorKey({ scopes: ['management', 'execution'] });
+    const r = await s.call('POST', keys(), { key: wide.key, body: { scopes: ['execution'] } });
+    assert.equal(r.status, 201, r.text);
+  });
+
+  it('a rotation hands back a value only with scopes the caller holds', async () => {
+    const target = await operatorKey({ scopes: ['inference', 'execution'] });
+    // Rotating an execution key would give a management-only caller an execution value.
+    const r = await s.call('POST', keys(`/${target.id}/rotate`), { key: p.key, body: {} });
+    assert.equal(r.status, 403);
+    assert.deepEqual([err(r).code, err(r).param], ['scope_insufficient', 'scopes']);
+    const added = await s.call('POST', keys(`/${target.id}/rotate`), {
+      key: p.key,
+      body: { scopes: ['inference', 'research'] },
+    });
+    assert.equal(added.status, 403);
+    // Narrowing it to what the caller may grant is allowed; revoking always is.
+    const narrowed = await s.call('POST', keys(`/${target.id}/rotate`), {
+      key: p.key,
+      body: { scopes: ['inference'] },
+    });
+    assert.equal(narrowed.status, 200, narrowed.text);
+    const other = await operatorKey({ scopes: ['research'] });
+    assert.equal((await s.call('DELETE', keys(`/${other.id}`), { key: p.key })).status, 200);
+  });
+
+  it('a key bound to an endpoint cannot manage keys', async () => {
+    const bound = await operatorKey({ scopes: ['management'], endpointId: p.endpointId });
+    for (const [method, path, body] of [
+      ['GET', keys(), undefined],
+      ['POST', keys(), {}],
+    ] as const) {
+      const r = await s.call(method, path, { key: bound.key, ...(body ? { body } : {}) });
+      assert.equal(r.status, 403, `${method} ${path}`);
+      assert.equal(err(r).code, 'endpoint_restricted');
+    }
+  });
+
+  it('a rotated-out value keeps the scopes it was issued with', async () => {
+    const models = `/${p.projectId}/v1/models`;
+    const wide = await operatorKey({ scopes: ['management', 'inference'] });
+    // inference -> management: the old value still reads models, and gains no key access.
+    const k = await operatorKey({ scopes: ['inference'] });
+    const r = await s.call('POST', keys(`/${k.id}/rotate`), {
+      key: wide.key,
+      body: { scopes: ['management'] },
+    });
+    assert.equal(r.status, 200, r.text);
+    assert.equal((await s.call('GET', models, { key: k.key })).status, 200);
+    const escalated = await s.call('GET', keys(), { key: k.key });
+    assert.equal(escalated.status, 403);
+    assert.equal(err(escalated).code, 'scope_insufficient');
+    // The new value has the new scopes.
+    const fresh = String(r.body.key);
+    assert.equal((await s.call('GET', keys(), { key: fresh })).status, 200);
+    assert.equal((await s.call('GET', models, { key: fresh })).status, 403);
+  });
+});
