@@ -26,6 +26,12 @@ const USAGE = `usage: switchyard admin [--url URL] [--token T] [--json] <resourc
   key rotate ID --project P [--scope S ...]   (prints the new value once; the old one works 24 h)
   key revoke ID --project P
 
+  user create --name N --email E [--password-stdin]   (the dashboard password from stdin)
+  user list
+  user password USER --password-stdin                 (resets it; ends the user's sessions)
+  member add --project P --user USER --role owner|admin|approver|viewer
+  member list --project P
+
   webhook create --project PID --hook-url https://... --event TYPE ... [--description D]
   webhook list|get ID|delete ID|test ID --project PID
   webhook deliveries ID --project PID [--limit N] [--after DEL]
@@ -146,6 +152,10 @@ export async function admin(argv: string[]): Promise<number> {
         description: { type: 'string' },
         limit: { type: 'string' },
         after: { type: 'string' },
+        email: { type: 'string' },
+        'password-stdin': { type: 'boolean', default: false },
+        user: { type: 'string' },
+        role: { type: 'string' },
       },
       strict: true,
     });
@@ -264,6 +274,40 @@ export async function admin(argv: string[]): Promise<number> {
           table([r], ['id', 'prefix', 'scopes', 'expiresAt']) +
           `\nAPI key (shown once, store it now):\n  ${String(r.key)}\n`;
         break;
+      case 'user create':
+        result = await call(ctx, 'POST', '/users', {
+          name: need('name', o.name),
+          email: need('email', o.email),
+          ...(o['password-stdin'] ? { password: await passwordFromStdin() } : {}),
+        });
+        human = (r) =>
+          table([r], ['id', 'name', 'email', 'password_set']) +
+          `\nUser token for approval decisions (shown once):\n  ${String(r.token)}\n`;
+        break;
+      case 'user list':
+        result = await call(ctx, 'GET', '/users');
+        human = listOf(['id', 'name', 'email']);
+        break;
+      case 'user password': {
+        if (!o['password-stdin']) throw new CliError('user password: give --password-stdin');
+        const user = arg ?? need('user', o.user);
+        result = await call(ctx, 'POST', `/users/${encodeURIComponent(user)}/password`, {
+          password: await passwordFromStdin(),
+        });
+        human = (r) => `password set for ${String(r.id)}; their sessions have ended\n`;
+        break;
+      }
+      case 'member add':
+        result = await call(ctx, 'POST', `/projects/${project()}/members`, {
+          user_id: need('user', o.user),
+          role: need('role', o.role),
+        });
+        human = record(['user_id', 'role']);
+        break;
+      case 'member list':
+        result = await call(ctx, 'GET', `/projects/${project()}/members`);
+        human = listOf(['user_id', 'role']);
+        break;
       case 'key list':
         result = await call(ctx, 'GET', `/projects/${project()}/keys`);
         human = listOf(['id', 'prefix', 'status', 'scopes', 'expiresAt', 'endpointId']);
@@ -357,4 +401,19 @@ export async function admin(argv: string[]): Promise<number> {
     }
     throw err;
   }
+}
+
+/**
+ * A password from standard input, not an argument (arguments show in process
+ * lists and shell history): its first line, without the line end.
+ */
+async function passwordFromStdin(): Promise<string> {
+  let text = '';
+  for await (const chunk of process.stdin) {
+    text += String(chunk);
+    if (text.includes('\n')) break;
+  }
+  const line = text.split(/\r?\n/, 1)[0] ?? '';
+  if (!line) throw new CliError('--password-stdin: standard input held no password');
+  return line;
 }

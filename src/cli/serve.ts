@@ -27,8 +27,10 @@ export type Role = (typeof ROLES)[number];
 /**
  * Roles let operators scale each part on its own: `api` serves HTTP (inference,
  * management, operator APIs), `dispatcher` delivers webhooks, `broker` runs the
- * exec broker (ZeroMQ/CURVE sockets execution agents connect to). `dashboard`
- * is accepted for forward compatibility and does nothing yet. Default: all.
+ * exec broker (ZeroMQ/CURVE sockets execution agents connect to), `dashboard`
+ * serves the dashboard's pages (sign-in, projects, account; src/dashboard), which
+ * act on projects through the `api` role's internal path (in-process, or at
+ * SWITCHYARD_ROUTER_URL). Default: all.
  */
 function parseRoles(raw: string | undefined): Set<Role> {
   if (!raw) return new Set(ROLES);
@@ -89,7 +91,11 @@ export async function serve(argv: string[]): Promise<number> {
 
   const tls = config.tlsCertFile && config.tlsKeyFile ? readTls(config) : undefined;
   // Without the api role the process still answers /healthz, /readyz and /metrics.
-  const app = await buildApp(services, { ...(tls ? { tls } : {}), routes: roles.has('api') });
+  const app = await buildApp(services, {
+    ...(tls ? { tls } : {}),
+    routes: roles.has('api'),
+    dashboard: roles.has('dashboard'),
+  });
   if (tls) closers.push(watchTls(config, app, logger));
   if (roles.has('dispatcher')) services.dispatcher.start();
 
@@ -270,6 +276,9 @@ function printBanner(
     out.push(
       'Development mode: plain HTTP is allowed. Set SWITCHYARD_ENV=production to require HTTPS.',
     );
+  }
+  if (roles.has('dashboard')) {
+    out.push(`Dashboard: ${base}/login (users and passwords: switchyard admin user create)`);
   }
   if (s.generatedAdminToken) {
     out.push('');

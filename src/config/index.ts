@@ -12,6 +12,8 @@ export interface Config {
   host: string;
   /** Public base URL printed in snippets; defaults to http://<host>:<port>. */
   baseUrl: string;
+  /** SWITCHYARD_BASE_URL as set (no default): identity providers' callbacks are built on it. */
+  publicBaseUrl: string | undefined;
   env: Environment;
   dataDir: string;
   /**
@@ -22,6 +24,15 @@ export interface Config {
   databaseUrl: string | undefined;
   redisUrl: string | undefined;
   adminToken: string | undefined;
+  /**
+   * The dashboard's key (32 bytes): TOTP seeds are sealed, and the internal proxy
+   * token signed, with keys derived from it; else a key file in the data directory.
+   */
+  secretKey: string | undefined;
+  /** Identity providers for dashboard sign-in (JSON, dashboard/oidc.ts `parseIdps`). */
+  idps: string | undefined;
+  /** Where the dashboard reaches the API role; this instance itself by default. */
+  routerUrl: string | undefined;
   demo: boolean;
   /** Engine of the embedded demo worker: `llama` (default) or `sim`. */
   demoEngine: 'llama' | 'sim';
@@ -146,12 +157,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     baseUrl: (
       env.SWITCHYARD_BASE_URL || `${tls ? 'https' : 'http'}://${shownHost}:${port}`
     ).replace(/\/+$/, ''),
+    publicBaseUrl: nonEmpty(env.SWITCHYARD_BASE_URL)?.replace(/\/+$/, ''),
     env: rawEnv,
     dataDir: resolve(env.SWITCHYARD_DATA_DIR || './data'),
     pgliteTemplate: nonEmpty(env.SWITCHYARD_PGLITE_TEMPLATE),
     databaseUrl: nonEmpty(env.DATABASE_URL),
     redisUrl: nonEmpty(env.REDIS_URL),
     adminToken: nonEmpty(env.SWITCHYARD_ADMIN_TOKEN),
+    secretKey: nonEmpty(env.SWITCHYARD_SECRET_KEY),
+    idps: nonEmpty(env.SWITCHYARD_IDPS),
+    routerUrl: nonEmpty(env.SWITCHYARD_ROUTER_URL)?.replace(/\/+$/, ''),
     demo: env.SWITCHYARD_DEMO !== '0',
     demoEngine: env.SWITCHYARD_DEMO_ENGINE === 'sim' ? 'sim' : 'llama',
     trustedProxies: list(env.SWITCHYARD_TRUSTED_PROXIES),

@@ -98,6 +98,37 @@ export const catalogue = {
     false,
     'This route needs an identity and none was presented.',
   ),
+  // Dashboard sign-in (the account boundary; never the API-key surface).
+  invalid_credentials: e(
+    401,
+    'authentication_error',
+    false,
+    'The e-mail address or password is wrong.',
+  ),
+  invalid_code: e(
+    401,
+    'authentication_error',
+    false,
+    'The two-factor code is wrong, expired or already used.',
+  ),
+  login_expired: e(
+    401,
+    'authentication_error',
+    false,
+    'The login took longer than 5 minutes; sign in again.',
+  ),
+  csrf_token_invalid: e(
+    403,
+    'permission_error',
+    false,
+    'The X-CSRF-Token header is missing or does not match the page.',
+  ),
+  identity_login_failed: e(
+    401,
+    'authentication_error',
+    false,
+    'The identity provider did not sign you in.',
+  ),
   scope_insufficient: e(
     403,
     'authentication_error',

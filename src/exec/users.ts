@@ -54,6 +54,11 @@ export class Users {
       name: body.name,
       email: body.email.toLowerCase(),
       tokenHash: hash,
+      // Dashboard sign-in is set up separately (dashboard/accounts.ts).
+      passwordHash: null,
+      totpSecret: null,
+      totpPending: null,
+      totpLastStep: null,
       createdAt: new Date(this.ctx.clock.now()),
     };
     try {
@@ -133,5 +138,27 @@ export class Users {
           .limit(1)
       : [];
     return { id: u.id, externalId: u.externalId, role: (m?.role as Role | undefined) ?? null };
+  }
+
+  /** A user by external id with their role in a project (the dashboard's token names them). */
+  async ref(externalIdValue: string, projectId: string): Promise<UserRef | null> {
+    const [row] = await this.ctx.db
+      .select({ id: U.id, externalId: U.externalId, role: M.role })
+      .from(U)
+      .leftJoin(M, and(eq(M.userId, U.id), eq(M.projectId, projectId)))
+      .where(eq(U.externalId, externalIdValue))
+      .limit(1);
+    if (!row) return null;
+    return { id: row.id, externalId: row.externalId, role: (row.role as Role | null) ?? null };
+  }
+
+  /** The projects a user is a member of, with the role in each. */
+  async memberships(userId: string): Promise<Array<{ projectId: string; role: Role }>> {
+    const rows = await this.ctx.db
+      .select({ projectId: M.projectId, role: M.role })
+      .from(M)
+      .where(eq(M.userId, userId))
+      .orderBy(asc(M.createdAt));
+    return rows.map((r) => ({ projectId: r.projectId, role: r.role as Role }));
   }
 }

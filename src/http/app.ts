@@ -5,6 +5,7 @@
  * the app closes, new requests get 503 `unavailable` in the error envelope.
  */
 import { randomUUID } from 'node:crypto';
+import { Socket } from 'node:net';
 import proxyAddr from '@fastify/proxy-addr';
 import Fastify, {
   LogController,
@@ -13,6 +14,8 @@ import Fastify, {
   type FastifyInstance,
   type FastifyRequest,
 } from 'fastify';
+import { internalRoutes } from '../dashboard/index.js';
+import { dashboardRoutes } from '../dashboard/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
 import { keyRoutes } from '../keys/routes.js';
@@ -33,6 +36,8 @@ export interface AppOptions {
   tls?: { cert: Buffer; key: Buffer };
   /** Register the API routes (the `api` role); health and metrics are always served. */
   routes?: boolean;
+  /** Register the dashboard's pages (the `dashboard` role). */
+  dashboard?: boolean;
 }
 
 /** Probes and scrapes stay reachable over plain HTTP inside the cluster. */
@@ -47,6 +52,9 @@ function plainHttp(
   request: FastifyRequest,
   protocol: string | undefined = request.protocol,
 ): boolean {
+  // A request injected in-process (the dashboard forwarding to the internal path)
+  // has no network connection to protect.
+  if (!(request.raw.socket instanceof Socket)) return false;
   return protocol !== 'https' && !PLAIN_HTTP_PATHS.has(request.url.split('?', 1)[0]!);
 }
 
@@ -218,7 +226,9 @@ export async function buildApp(
     return reply.code(ok ? 200 : 503).send({ status: ok ? 'ready' : 'unavailable' });
   });
 
+  if (opts.dashboard !== false) await app.register(dashboardRoutes(services, services.dashboard));
   if (opts.routes === false) return app;
+  await app.register(internalRoutes(services, services.dashboard.tokens));
   await app.register(operatorRoutes(services), { prefix: '/admin/v1' });
   await app.register(registrationRoutes(services), { prefix: '/admin/v1' });
   await app.register(projectRoutes(services));

@@ -234,6 +234,30 @@ export class Limits {
   }
 
   /**
+   * A limit on failures only (e.g. two-factor codes: 5 wrong ones in 5 minutes):
+   * `checkFailures` refuses (429) once `limit` failures are in the window, without
+   * counting anything; `addFailure` counts one. Successes never count, so a user
+   * who signs in often is not locked out by their own right answers.
+   */
+  async checkFailures(
+    key: string,
+    limit: number,
+    windowMs: number,
+    message: string,
+  ): Promise<void> {
+    const ds = await this.acquire([{ kind: 'sum', key, limit, windowMs }], 'other');
+    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, {}, message);
+  }
+
+  async addFailure(key: string, windowMs: number): Promise<void> {
+    try {
+      await this.backend.add(key, 1, windowMs, this.clock.now());
+    } catch (err) {
+      this.logger.warn({ err }, 'rate limiter unavailable (a failure went uncounted)');
+    }
+  }
+
+  /**
    * A named rolling-window limit (e.g. webhook test deliveries: 10 per hour). Its
    * 429 carries Retry-After and the retry fields but no RateLimit headers: those
    * describe the route's own limit (the management limit on webhook routes),

@@ -3,6 +3,7 @@
  * platform administration of projects, models, workers, endpoints and keys.
  * `{project}` accepts the external id (`proj_…`) or the slug.
  */
+import { passwordProblem } from '../dashboard/passwords.js';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { z } from 'zod';
 import { toEndpointRecord, ENDPOINT_STATUSES } from '../endpoints/repository.js';
@@ -282,9 +283,30 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
     );
 
     // Execution surface: users, project members, the approval chain, maintenance.
-    app.post('/users', async (request, reply) =>
-      reply.code(201).send(await s.exec.users.create(request.body)),
-    );
+    // `password` (optional) is the user's dashboard password; checked before the
+    // user exists, so a refused one leaves nothing behind.
+    app.post('/users', async (request, reply) => {
+      const body = request.body;
+      let password: string | undefined;
+      let rest: unknown = body;
+      if (body && typeof body === 'object' && !Array.isArray(body) && 'password' in body) {
+        const { password: p, ...others } = body as Record<string, unknown>;
+        password = dashboardPassword(p);
+        rest = others;
+      }
+      const user = await s.exec.users.create(rest);
+      if (password !== undefined) await s.dashboard.accounts.resetPassword(user.id, password);
+      return reply.code(201).send({ ...user, password_set: password !== undefined });
+    });
+    // An operator's password reset: every session of the user ends.
+    app.post<{ Params: { user: string } }>('/users/:user/password', async (request) => {
+      const body = (request.body ?? {}) as Record<string, unknown>;
+      await s.dashboard.accounts.resetPassword(
+        request.params.user,
+        dashboardPassword(body.password),
+      );
+      return { id: request.params.user, object: 'user', password_set: true };
+    });
     app.get('/users', async () => s.exec.users.list());
     app.post<{ Params: { project: string } }>(
       '/projects/:project/members',
@@ -347,4 +369,20 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       },
     );
   };
+}
+
+/** A dashboard password from a request body: a string the password rules accept. */
+function dashboardPassword(value: unknown): string {
+  if (typeof value !== 'string') {
+    throw new ServiceError('invalid_body', {
+      message:
+        value === undefined
+          ? "Missing required parameter: 'password'."
+          : "Invalid 'password': expected a string.",
+      param: 'password',
+    });
+  }
+  const problem = passwordProblem(value);
+  if (problem) throw new ServiceError('invalid_body', { message: problem, param: 'password' });
+  return value;
 }

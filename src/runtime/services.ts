@@ -38,6 +38,7 @@ import type { Clock } from './clock.js';
 import { TtlCache } from './ttl-cache.js';
 import { Metrics } from './metrics.js';
 import type { Tracing } from './tracing.js';
+import { createDashboard, type Dashboard } from '../dashboard/index.js';
 import { InvalidationBus } from './invalidation.js';
 import type { Redis } from '../store/redis.js';
 import type { Logger } from './logger.js';
@@ -78,6 +79,8 @@ export interface Services {
    * The broker plugs its transport in with `exec.setTransport(t)`.
    */
   exec: ExecService;
+  /** Dashboard sign-in, sessions and the internal proxy token (src/dashboard). */
+  dashboard: Dashboard;
   metrics: Metrics;
   /** OpenTelemetry traces; null unless an OTLP endpoint is configured. */
   tracing: Tracing | null;
@@ -290,6 +293,7 @@ export async function createServices(
     budgetAlerts,
     slos,
     exec,
+    dashboard: createDashboard({ config, db: store.db, clock: deps.clock, limits }),
     metrics,
     tracing,
     openStreams: new Set(),

@@ -372,12 +372,96 @@ export const users = pgTable(
     email: text('email').notNull(),
     /** SHA-256 hex of the personal token `swyu_…` (shown once). */
     tokenHash: text('token_hash').notNull(),
+    /** Dashboard password (scrypt, dashboard/passwords.ts); null: identity-provider sign-in only. */
+    passwordHash: text('password_hash'),
+    /** The TOTP seed, sealed (dashboard/at-rest.ts); null while 2FA is off. */
+    totpSecret: text('totp_secret'),
+    /** A seed being set up, sealed, until a code from it is verified. */
+    totpPending: text('totp_pending'),
+    /** The last TOTP time step accepted: a code is usable once. */
+    totpLastStep: integer('totp_last_step'),
     createdAt: createdAt(),
   },
   (t) => [
     uniqueIndex('users_external_id_key').on(t.externalId),
     uniqueIndex('users_email_key').on(t.email),
     uniqueIndex('users_token_hash_key').on(t.tokenHash),
+  ],
+);
+
+/** One-time backup codes (SHA-256 of the normalised code); regeneration replaces them all. */
+export const userBackupCodes = pgTable(
+  'user_backup_codes',
+  {
+    userId: uuid('user_id')
+      .notNull()
+      .references(() => users.id, { onDelete: 'cascade' }),
+    codeHash: text('code_hash').notNull(),
+    usedAt: timestamp('used_at', { withTimezone: true, mode: 'date' }),
+    createdAt: createdAt(),
+  },
+  (t) => [primaryKey({ columns: [t.userId, t.codeHash] })],
+);
+
+/**
+ * Dashboard sessions, shared by every instance: the cookie holds a random token,
+ * the row its SHA-256. Each request moves `expiresAt` to min(last activity + 480
+ * min, created + 1440 min) (spec, Dashboard sessions).
+ */
+export const dashboardSessions = pgTable(
+  'dashboard_sessions',
+  {
+    tokenHash: text('token_hash').primaryKey(),
+    userId: uuid('user_id')
+      .notNull()
+      .references(() => users.id, { onDelete: 'cascade' }),
+    /** The page's `csrf-token` value; state-changing requests send it as X-CSRF-Token. */
+    csrfToken: text('csrf_token').notNull(),
+    lastSeenAt: timestamp('last_seen_at', { withTimezone: true, mode: 'date' }).notNull(),
+    expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [index('dashboard_sessions_user_idx').on(t.userId)],
+);
+
+/** A password (or identity-provider) login waiting for its TOTP code: 5 minutes, then restart. */
+export const loginChallenges = pgTable('login_challenges', {
+  tokenHash: text('token_hash').primaryKey(),
+  userId: uuid('user_id')
+    .notNull()
+    .references(() => users.id, { onDelete: 'cascade' }),
+  csrfToken: text('csrf_token').notNull(),
+  expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }).notNull(),
+  createdAt: createdAt(),
+});
+
+/** An identity-provider login in flight, keyed by its OAuth `state` (10 minutes). */
+export const idpLogins = pgTable('idp_logins', {
+  state: text('state').primaryKey(),
+  provider: text('provider').notNull(),
+  nonce: text('nonce').notNull(),
+  codeVerifier: text('code_verifier').notNull(),
+  /** Set when a signed-in user links an identity rather than signing in with it. */
+  linkUserId: uuid('link_user_id').references(() => users.id, { onDelete: 'cascade' }),
+  expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }).notNull(),
+  createdAt: createdAt(),
+});
+
+/** Identities at providers linked to a user (dashboard sign-in only, never API access). */
+export const userIdentities = pgTable(
+  'user_identities',
+  {
+    provider: text('provider').notNull(),
+    subject: text('subject').notNull(),
+    userId: uuid('user_id')
+      .notNull()
+      .references(() => users.id, { onDelete: 'cascade' }),
+    email: text('email'),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.provider, t.subject] }),
+    index('user_identities_user_idx').on(t.userId),
   ],
 );
 

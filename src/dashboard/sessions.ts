@@ -1,0 +1,154 @@
+/**
+ * Dashboard sessions and pending logins, in the database so every instance
+ * behind a load balancer sees the same ones.
+ *
+ * A session is a random 32-byte token in a cookie (Secure, HttpOnly); the row
+ * holds its SHA-256, so a database read does not yield usable cookies. Its end
+ * is min(last activity + 480 min, start + 1440 min) (spec: each activity extends
+ * the session by 480 minutes of idle timeout; the maximum lifetime is 1440
+ * minutes regardless of activity). Recording an activity writes the row only when
+ * the last recorded one is a minute old or more: the idle end is then late by
+ * under a minute, and a page view does not cost a write per request.
+ *
+ * A login that needs its second factor is a challenge: the password (or the
+ * identity provider) was right, the TOTP or backup code is still due, and after
+ * 5 minutes the login restarts (spec). Its token is in its own cookie.
+ *
+ * Every session carries its CSRF token, which each page embeds in its
+ * `csrf-token` meta tag and state-changing requests send back as X-CSRF-Token.
+ * Password changes and resets end all of a user's sessions (`closeAll`).
+ */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { and, eq, lte } from 'drizzle-orm';
+import type { Clock } from '../runtime/clock.js';
+import type { Db } from '../store/index.js';
+import { tables } from '../store/index.js';
+
+const { dashboardSessions: S, loginChallenges: C } = tables;
+
+export const SESSION_IDLE_MS = 480 * 60_000;
+export const SESSION_MAX_MS = 1440 * 60_000;
+export const LOGIN_CHALLENGE_MS = 5 * 60_000;
+/** Activity is recorded at most this often per session. */
+const TOUCH_EVERY_MS = 60_000;
+
+export interface Opened {
+  token: string;
+  csrfToken: string;
+  expiresAt: Date;
+}
+
+export interface ActiveSession {
+  userId: string;
+  csrfToken: string;
+  expiresAt: Date;
+}
+
+export function newToken(): string {
+  return randomBytes(32).toString('base64url');
+}
+
+export function tokenHash(token: string): string {
+  return createHash('sha256').update(token).digest('hex');
+}
+
+/** Constant-time equality of two tokens (CSRF). */
+export function sameToken(a: string | undefined, b: string): boolean {
+  if (typeof a !== 'string' || a.length !== b.length) return false;
+  return timingSafeEqual(Buffer.from(a), Buffer.from(b));
+}
+
+export class Sessions {
+  constructor(
+    private readonly db: Db,
+    private readonly clock: Clock,
+  ) {}
+
+  async open(userId: string): Promise<Opened> {
+    const now = this.clock.now();
+    const token = newToken();
+    const csrfToken = newToken();
+    const expiresAt = new Date(now + SESSION_IDLE_MS);
+    await this.db.insert(S).values({
+      tokenHash: tokenHash(token),
+      userId,
+      csrfToken,
+      lastSeenAt: new Date(now),
+      expiresAt,
+      createdAt: new Date(now),
+    });
+    return { token, csrfToken, expiresAt };
+  }
+
+  /** The live session behind a cookie, its activity recorded; null when absent or ended. */
+  async resolve(token: string | undefined): Promise<ActiveSession | null> {
+    if (!token) return null;
+    const hash = tokenHash(token);
+    const [row] = await this.db.select().from(S).where(eq(S.tokenHash, hash)).limit(1);
+    if (!row) return null;
+    const now = this.clock.now();
+    if (now >= row.expiresAt.getTime()) {
+      await this.db.delete(S).where(eq(S.tokenHash, hash));
+      return null;
+    }
+    let expiresAt = row.expiresAt;
+    if (now - row.lastSeenAt.getTime() >= TOUCH_EVERY_MS) {
+      expiresAt = new Date(
+        Math.min(now + SESSION_IDLE_MS, row.createdAt.getTime() + SESSION_MAX_MS),
+      );
+      await this.db
+        .update(S)
+        .set({ lastSeenAt: new Date(now), expiresAt })
+        .where(eq(S.tokenHash, hash));
+    }
+    return { userId: row.userId, csrfToken: row.csrfToken, expiresAt };
+  }
+
+  async close(token: string | undefined): Promise<void> {
+    if (token) await this.db.delete(S).where(eq(S.tokenHash, tokenHash(token)));
+  }
+
+  /** Ends every session of a user (password change, admin password reset). */
+  async closeAll(userId: string): Promise<void> {
+    await this.db.delete(S).where(eq(S.userId, userId));
+  }
+
+  async openChallenge(userId: string): Promise<Opened> {
+    const now = this.clock.now();
+    const token = newToken();
+    const csrfToken = newToken();
+    const expiresAt = new Date(now + LOGIN_CHALLENGE_MS);
+    // Old, ended challenges go with each new one: the table stays small.
+    await this.db.delete(C).where(lte(C.expiresAt, new Date(now)));
+    await this.db.insert(C).values({
+      tokenHash: tokenHash(token),
+      userId,
+      csrfToken,
+      expiresAt,
+      createdAt: new Date(now),
+    });
+    return { token, csrfToken, expiresAt };
+  }
+
+  /** The pending login behind a cookie; null when absent or older than 5 minutes. */
+  async challenge(
+    token: string | undefined,
+  ): Promise<{ userId: string; csrfToken: string } | null> {
+    if (!token) return null;
+    const [row] = await this.db
+      .select()
+      .from(C)
+      .where(and(eq(C.tokenHash, tokenHash(token))))
+      .limit(1);
+    if (!row) return null;
+    if (this.clock.now() >= row.expiresAt.getTime()) {
+      await this.closeChallenge(token);
+      return null;
+    }
+    return { userId: row.userId, csrfToken: row.csrfToken };
+  }
+
+  async closeChallenge(token: string): Promise<void> {
+    await this.db.delete(C).where(eq(C.tokenHash, tokenHash(token)));
+  }
+}

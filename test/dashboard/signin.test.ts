@@ -1,0 +1,338 @@
+/**
+ * Dashboard sign-in as a browser sees it over HTTP (spec, Dashboard: user and
+ * account boundary), on the router's fake clock:
+ * - password sign-in; cookies Secure, HttpOnly, SameSite=Lax; CSRF on every
+ *   state-changing request, from the page's csrf-token meta tag;
+ * - sessions: each activity extends them by 480 minutes, at most 1440 in all;
+ *   a password change and an operator's reset end every session;
+ * - TOTP: setup verifies a code; login needs the code within 5 minutes; a code
+ *   works once; backup codes work once and regeneration replaces them; disabling
+ *   and regenerating need a TOTP code; attempts are rate limited; seeds are
+ *   sealed at rest and never logged.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { eq } from 'drizzle-orm';
+import { totpCode } from '../../src/dashboard/totp.js';
+import { tables } from '../../src/store/index.js';
+import { startTestServer, type TestServer } from '../support/harness.js';
+import { errorCode, Visitor } from '../support/dashboard.js';
+
+const MIN = 60_000;
+const PASSWORD = 'correct horse battery staple';
+
+async function user(s: TestServer, email: string, password = PASSWORD) {
+  const r = await s.admin('POST', '/users', { name: email.split('@')[0], email, password });
+  assert.equal(r.status, 201, r.text);
+  assert.equal(r.body.password_set, true);
+  return String(r.body.id);
+}
+
+function cookieLine(a: { headers: Record<string, string | string[] | undefined> }, name: string) {
+  return [a.headers['set-cookie'] ?? []].flat().find((l) => l.startsWith(`${name}=`)) ?? '';
+}
+
+describe('dashboard sign-in and sessions', () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer();
+  });
+  after(() => s.close());
+
+  it('signs in with a password; cookies are Secure, HttpOnly, SameSite=Lax', async () => {
+    await user(s, 'ann@example.com');
+    const v = new Visitor(s.url);
+    const page = await v.page('/login');
+    assert.match(cookieLine(page, 'swy_csrf'), /HttpOnly; Secure; SameSite=Lax/);
+    assert.match(page.headers['content-security-policy'] as string, /script-src 'self'/);
+    assert.equal(page.headers['x-frame-options'], 'DENY');
+
+    const wrong = await v.send('POST', '/login', {
+      body: { email: 'ann@example.com', password: 'not the password' },
+    });
+    assert.equal(wrong.status, 401);
+    assert.equal(errorCode(wrong), 'invalid_credentials');
+    const unknown = await v.send('POST', '/login', {
+      body: { email: 'nobody@example.com', password: PASSWORD },
+    });
+    assert.equal(unknown.status, 401);
+    assert.equal(errorCode(unknown), 'invalid_credentials');
+    assert.equal(
+      unknown.json.error && (unknown.json.error as { message: string }).message,
+      (wrong.json.error as { message: string }).message,
+      'the same answer for both',
+    );
+
+    const ok = await v.send('POST', '/login', {
+      body: { email: 'ANN@example.com', password: PASSWORD },
+    });
+    assert.equal(ok.status, 200, ok.text);
+    assert.equal(ok.json.next, '/dashboard');
+    assert.match(cookieLine(ok, 'swy_session'), /HttpOnly; Secure; SameSite=Lax/);
+    const dash = await v.page('/dashboard');
+    assert.equal(dash.status, 200);
+    assert.match(dash.text, /<h1>Projects<\/h1>/);
+    assert.ok(v.csrf.length > 20);
+    // Without a session: back to the sign-in page.
+    const anon = await new Visitor(s.url).send('GET', '/dashboard');
+    assert.equal(anon.status, 302);
+    assert.equal(anon.location, '/login');
+  });
+
+  it('refuses state-changing requests without the page’s CSRF token', async () => {
+    await user(s, 'csrf@example.com');
+    const v = new Visitor(s.url);
+    await v.page('/login');
+    const bare = await v.send('POST', '/login', {
+      body: { email: 'csrf@example.com', password: PASSWORD },
+      csrf: null,
+    });
+    assert.equal(bare.status, 403);
+    assert.equal(errorCode(bare), 'csrf_token_invalid');
+    assert.equal(await v.login('csrf@example.com', PASSWORD), '/dashboard');
+    await v.page('/account');
+    for (const [path, body] of [
+      ['/logout', {}],
+      ['/account/password', { current_password: PASSWORD, password: 'another long password' }],
+      ['/account/2fa/setup', {}],
+    ] as const) {
+      for (const csrf of [null, 'x'.repeat(v.csrf.length), 'short']) {
+        const r = await v.send('POST', path, { body, csrf });
+        assert.equal(r.status, 403, `${path} ${String(csrf)}`);
+        assert.equal(errorCode(r), 'csrf_token_invalid');
+      }
+    }
+    // The bodies a cross-site form can send are refused whatever they hold.
+    for (const type of ['text/plain', 'application/x-www-form-urlencoded']) {
+      const r = await v.send('POST', '/logout', { headers: { 'content-type': type } });
+      assert.equal(r.status, 415, type);
+    }
+    // The session still stands and the right token works.
+    assert.equal((await v.send('POST', '/logout', { body: {} })).status, 200);
+    assert.equal((await v.send('GET', '/dashboard')).status, 302);
+  });
+
+  it('each activity extends the session by 480 minutes; 1440 minutes is the end regardless', async () => {
+    await user(s, 'idle@example.com');
+    const v = new Visitor(s.url);
+    await v.login('idle@example.com', PASSWORD);
+    // Idle 479 minutes: still signed in, and that visit extends it.
+    s.clock.advance(479 * MIN);
+    assert.equal((await v.send('GET', '/dashboard')).status, 200);
+    s.clock.advance(479 * MIN);
+    assert.equal((await v.send('GET', '/dashboard')).status, 200);
+    // 480 minutes without activity: gone.
+    s.clock.advance(480 * MIN);
+    assert.equal((await v.send('GET', '/dashboard')).status, 302);
+
+    const w = new Visitor(s.url);
+    await w.login('idle@example.com', PASSWORD);
+    // Active every 400 minutes: alive at 1200 and 1439, ended at 1440 all the same.
+    for (let t = 400; t <= 1200; t += 400) {
+      s.clock.advance(400 * MIN);
+      assert.equal((await w.send('GET', '/dashboard')).status, 200, `at ${t} min`);
+    }
+    s.clock.advance(239 * MIN);
+    assert.equal((await w.send('GET', '/dashboard')).status, 200, 'at 1439 min');
+    s.clock.advance(1 * MIN);
+    assert.equal((await w.send('GET', '/dashboard')).status, 302, 'at 1440 min');
+  });
+
+  it('a password change (and an operator reset) ends every session', async () => {
+    const id = await user(s, 'pw@example.com');
+    const a = new Visitor(s.url);
+    const b = new Visitor(s.url);
+    await a.login('pw@example.com', PASSWORD);
+    await b.login('pw@example.com', PASSWORD);
+    await a.page('/account');
+    const wrongCurrent = await a.send('POST', '/account/password', {
+      body: { current_password: 'not it at all', password: 'a brand new password' },
+    });
+    assert.equal(wrongCurrent.status, 401);
+    const short = await a.send('POST', '/account/password', {
+      body: { current_password: PASSWORD, password: 'too short' },
+    });
+    assert.equal(short.status, 400);
+    assert.equal((short.json.error as { param: string }).param, 'password');
+    const changed = await a.send('POST', '/account/password', {
+      body: { current_password: PASSWORD, password: 'a brand new password' },
+    });
+    assert.equal(changed.status, 200, changed.text);
+    for (const v of [a, b]) assert.equal((await v.send('GET', '/dashboard')).status, 302);
+    assert.equal(await a.login('pw@example.com', 'a brand new password'), '/dashboard');
+
+    const reset = await s.admin('POST', `/users/${id}/password`, {
+      password: 'set by the operator',
+    });
+    assert.equal(reset.status, 200, reset.text);
+    assert.equal((await a.send('GET', '/dashboard')).status, 302);
+    assert.equal(await a.login('pw@example.com', 'set by the operator'), '/dashboard');
+    const bad = await s.admin('POST', `/users/${id}/password`, { password: 'short' });
+    assert.equal(bad.status, 400);
+  });
+});
+
+describe('dashboard two-factor authentication', () => {
+  let s: TestServer;
+  before(async () => {
+    s = await startTestServer();
+  });
+  after(() => s.close());
+
+  /** Turns 2FA on for a signed-in visitor; returns the seed and the backup codes. */
+  async function enable(v: Visitor): Promise<{ secret: string; codes: string[] }> {
+    await v.page('/account');
+    const setup = await v.send('POST', '/account/2fa/setup', { body: {} });
+    assert.equal(setup.status, 200, setup.text);
+    const lines = setup.json.reveal as string[];
+    const secret = lines.find((l) => l.startsWith('Key: '))!.slice(5);
+    assert.ok(lines.some((l) => l.startsWith('otpauth://totp/')));
+    // A wrong code does not turn it on.
+    const wrong = await v.send('POST', '/account/2fa/enable', { body: { code: '000000' } });
+    assert.equal(wrong.status, 401);
+    const on = await v.send('POST', '/account/2fa/enable', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(on.status, 200, on.text);
+    const codes = (on.json.reveal as string[]).slice(1);
+    assert.equal(codes.length, 10);
+    return { secret, codes };
+  }
+
+  it('login needs the code within 5 minutes; a code works once; backup codes work once', async () => {
+    await user(s, 'two@example.com');
+    const v = new Visitor(s.url);
+    await v.login('two@example.com', PASSWORD);
+    const { secret, codes } = await enable(v);
+    s.clock.advance(30_000);
+
+    const w = new Visitor(s.url);
+    assert.equal(await w.login('two@example.com', PASSWORD), '/login/2fa');
+    assert.equal((await w.send('GET', '/dashboard')).status, 302, 'no session before the code');
+    const challenge = await w.page('/login/2fa');
+    assert.equal(challenge.status, 200);
+    const wrong = await w.send('POST', '/login/2fa', { body: { code: '123456' } });
+    assert.equal(wrong.status, 401);
+    assert.equal(errorCode(wrong), 'invalid_code');
+    const code = totpCode(secret, s.clock.now());
+    const ok = await w.send('POST', '/login/2fa', { body: { code } });
+    assert.equal(ok.status, 200, ok.text);
+    assert.equal((await w.send('GET', '/dashboard')).status, 200);
+
+    // The same code again, in the same 30 s: refused (a code works once).
+    const x = new Visitor(s.url);
+    await x.login('two@example.com', PASSWORD);
+    await x.page('/login/2fa');
+    assert.equal((await x.send('POST', '/login/2fa', { body: { code } })).status, 401);
+    // A backup code instead, typed in capitals without its hyphen: once.
+    const backup = codes[0]!.replace('-', '').toUpperCase();
+    assert.equal((await x.send('POST', '/login/2fa', { body: { code: backup } })).status, 200);
+    const y = new Visitor(s.url);
+    await y.login('two@example.com', PASSWORD);
+    await y.page('/login/2fa');
+    assert.equal((await y.send('POST', '/login/2fa', { body: { code: codes[0]! } })).status, 401);
+
+    // Five minutes after the password: the login restarts.
+    const z = new Visitor(s.url);
+    await z.login('two@example.com', PASSWORD);
+    await z.page('/login/2fa');
+    s.clock.advance(5 * 60_000);
+    const late = await z.send('POST', '/login/2fa', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(late.status, 401);
+    assert.equal(errorCode(late), 'login_expired');
+    const page = await z.send('GET', '/login/2fa');
+    assert.equal(page.status, 302);
+    assert.equal(page.location, '/login?expired=1');
+  });
+
+  it('wrong codes are rate limited: after 5 in 5 minutes even a right one waits', async () => {
+    await user(s, 'limit@example.com');
+    const v = new Visitor(s.url);
+    await v.login('limit@example.com', PASSWORD);
+    const { secret } = await enable(v); // one wrong code spent
+    s.clock.advance(5 * 60_000);
+    const w = new Visitor(s.url);
+    await w.login('limit@example.com', PASSWORD);
+    await w.page('/login/2fa');
+    for (let i = 0; i < 5; i++) {
+      assert.equal((await w.send('POST', '/login/2fa', { body: { code: '000000' } })).status, 401);
+    }
+    const limited = await w.send('POST', '/login/2fa', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(limited.status, 429);
+    assert.equal(errorCode(limited), 'rate_limit_exceeded');
+    assert.ok(Number(limited.headers['retry-after']) > 0);
+    // Once the wrong ones are older than 5 minutes, the right code signs in. (The
+    // pending login has ended by then: start it again.)
+    s.clock.advance(5 * 60_000);
+    await w.login('limit@example.com', PASSWORD);
+    await w.page('/login/2fa');
+    const ok = await w.send('POST', '/login/2fa', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(ok.status, 200, ok.text);
+  });
+
+  it('disabling and regenerating need a TOTP code; disabling removes the seed and the backup codes', async () => {
+    await user(s, 'off@example.com');
+    const v = new Visitor(s.url);
+    await v.login('off@example.com', PASSWORD);
+    const { secret, codes } = await enable(v);
+    await v.page('/account');
+    // A backup code is not a TOTP code here.
+    s.clock.advance(30_000);
+    const byBackup = await v.send('POST', '/account/2fa/disable', { body: { code: codes[1]! } });
+    assert.equal(byBackup.status, 401);
+    const regen = await v.send('POST', '/account/backup-codes', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(regen.status, 200, regen.text);
+    const fresh = (regen.json.reveal as string[]).slice(1);
+    assert.equal(fresh.length, 10);
+    // The earlier codes stopped working; a new one works.
+    const w = new Visitor(s.url);
+    await w.login('off@example.com', PASSWORD);
+    await w.page('/login/2fa');
+    assert.equal((await w.send('POST', '/login/2fa', { body: { code: codes[2]! } })).status, 401);
+    assert.equal((await w.send('POST', '/login/2fa', { body: { code: fresh[0]! } })).status, 200);
+
+    s.clock.advance(30_000);
+    const off = await v.send('POST', '/account/2fa/disable', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(off.status, 200, off.text);
+    const [row] = await s.services.store.db
+      .select()
+      .from(tables.users)
+      .where(eq(tables.users.email, 'off@example.com'));
+    assert.equal(row!.totpSecret, null);
+    const left = await s.services.store.db
+      .select()
+      .from(tables.userBackupCodes)
+      .where(eq(tables.userBackupCodes.userId, row!.id));
+    assert.equal(left.length, 0);
+    assert.equal(await new Visitor(s.url).login('off@example.com', PASSWORD), '/dashboard');
+  });
+
+  it('seeds are sealed at rest; no password, seed or code reaches the log', async () => {
+    await user(s, 'rest@example.com');
+    const v = new Visitor(s.url);
+    await v.login('rest@example.com', PASSWORD);
+    const { secret, codes } = await enable(v);
+    const [row] = await s.services.store.db
+      .select()
+      .from(tables.users)
+      .where(eq(tables.users.email, 'rest@example.com'));
+    assert.ok(row!.totpSecret);
+    assert.match(row!.totpSecret!, /^v1\./);
+    assert.ok(!row!.totpSecret!.includes(secret));
+    assert.ok(row!.passwordHash!.startsWith('scrypt$'));
+    const log = s.logs.join('\n');
+    for (const secretValue of [PASSWORD, secret, ...codes]) {
+      assert.ok(!log.includes(secretValue), 'a secret in the log');
+    }
+  });
+});
