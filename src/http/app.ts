@@ -16,6 +16,7 @@ import Fastify, {
 } from 'fastify';
 import { internalRoutes } from '../dashboard/index.js';
 import { dashboardRoutes } from '../dashboard/routes.js';
+import { embeddingRoutes } from '../embeddings/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
 import { keyRoutes } from '../keys/routes.js';
@@ -238,5 +239,6 @@ export async function buildApp(
   await app.register(sloRoutes(services));
   await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
+  await app.register(embeddingRoutes(services));
   return app;
 }

@@ -32,18 +32,16 @@
  */
 import type { Span, Tracing } from '../runtime/tracing.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import { costMicrocents, type BillingGate } from '../billing/gate.js';
 import type { UsageRecorder } from '../billing/usage-recorder.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import type { ExecService } from '../exec/service.js';
-import { authenticateKey } from '../http/auth.js';
-import { decoded } from '../http/json-body.js';
 import { tooManyRequests, type Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
 import { renderForIndex } from '../routing/prefix-index.js';
-import type { AdmitFailure, Lease, RouteHints, WorkerPool } from '../routing/pool.js';
+import type { Lease, RouteHints, WorkerPool } from '../routing/pool.js';
 import type { WorkerRecord } from '../routing/registry.js';
 import { parseServiceTier, parseSloHeaders, type SloTargets } from '../routing/slo.js';
 import type { Metrics } from '../runtime/metrics.js';
@@ -58,6 +56,14 @@ import {
   parseTokenCountError,
 } from './clamp.js';
 import {
+  admitWorker,
+  deadlineMessage,
+  mapTransport,
+  retryAfter,
+  SATURATED,
+  upstreamFailure,
+} from './admission.js';
+import {
   normalizeCompletion,
   StreamAccumulator,
   upstreamErrorMessage,
@@ -68,6 +74,7 @@ import {
 import { checkBridgeRequest, ToolBridge, WORKSPACE_FIELD } from './bridge.js';
 import { Deadline } from './deadline.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
+import { resolveTarget } from './target.js';
 import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
 import { Cancellation, type AbortLike } from '../runtime/cancel.js';
@@ -114,8 +121,6 @@ const ROUTER_ONLY_FIELDS = [
 
 const PRIORITY_MULTIPLIER = 1.25;
 
-const SATURATED = 'Every worker of this endpoint is saturated; retry shortly.';
-
 type Outcome = 'completed' | 'error' | 'timeout' | 'cancelled';
 
 function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Record<string, unknown> {
@@ -149,29 +154,6 @@ function requireCapabilities(req: ChatRequest, e: Endpoint): void {
   if (req.tools && req.tools.length > 0 && req.toolChoice !== 'none') need('tool_calling', 'tools');
   if (req.responseFormat?.type === 'json_schema') need('json_schema', 'response_format');
   if (req.logprobs) need('logprobs', 'logprobs');
-}
-
-function upstreamFailure(status: number, text: string): ServiceError {
-  let message: string | null = null;
-  try {
-    message = upstreamErrorMessage(JSON.parse(text));
-  } catch {
-    message = null;
-  }
-  if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
-    return new ServiceError('upstream_rejected', {
-      message: message ?? `The inference worker rejected the request (HTTP ${status}).`,
-    });
-  }
-  return new ServiceError('upstream_error', {
-    message: `The inference worker failed (HTTP ${status}).`,
-  });
-}
-
-function isAbort(err: unknown): boolean {
-  const name = (err as { name?: string } | null)?.name;
-  const code = (err as { code?: string } | null)?.code;
-  return name === 'AbortError' || code === 'UND_ERR_ABORTED';
 }
 
 export class ChatCompletions {
@@ -212,44 +194,7 @@ export class ChatCompletions {
     const d = this.d;
     // The tier deadline runs from here: time in the router's queue is the client's time too.
     const startedAt = d.clock.now();
-    const { projectId, endpointSlug } = request.params as {
-      projectId: string;
-      endpointSlug: string;
-    };
-    const key = await authenticateKey(d.verifier, request, projectId, 'inference');
-    // A body that did not decode answers right after the key (http/json-body.ts).
-    const body = decoded(request.body);
-    const endpoint = await d.endpoints(key.projectId, endpointSlug);
-    if (!endpoint) {
-      throw new ServiceError('endpoint_not_found', {
-        message: `No endpoint '${endpointSlug}' in this project.`,
-      });
-    }
-    if (key.endpointId && key.endpointId !== endpoint.id) {
-      throw new ServiceError('endpoint_restricted');
-    }
-    if (endpoint.status === 'suspended') throw new ServiceError('endpoint_suspended');
-    if (endpoint.status !== 'active') {
-      throw new ServiceError('unavailable', {
-        message: `The endpoint is ${endpoint.status}; no worker serves it yet.`,
-        headers: { 'Retry-After': '5' },
-      });
-    }
-
-    const tier = d.tiers.get(endpoint.tierId as TierId);
-    if (!tier) throw new ServiceError('internal_error', { message: 'Unknown tier.' });
-    reply.headers(
-      await d.limits.inference({
-        projectId: key.projectId,
-        keyId: key.id,
-        quotaRequests: key.quotaRequests,
-        quotaWindow: key.quotaWindow,
-        endpointId: endpoint.id,
-        maxRequestsPerMinute: endpoint.maxRequestsPerMinute,
-        maxTokensPerMinute: endpoint.maxTokensPerMinute,
-        tier,
-      }),
-    );
+    const { key, endpoint, tier, body } = await resolveTarget(d, request, reply);
 
     const req = parseChatRequest(body);
     if (req.xExec) {
@@ -292,7 +237,7 @@ export class ChatCompletions {
       slo,
       tier: parseServiceTier(req.serviceTier),
     };
-    const lease = await this.admit(reply, candidates, hints, deadlineAt);
+    const lease = await admitWorker(d, reply, candidates, hints, deadlineAt);
     if (lease === 'timeout') {
       // The deadline passed in the router's queue; no worker saw the request.
       if (!req.stream)
@@ -343,55 +288,6 @@ export class ChatCompletions {
       d.pool.abandon(run.lease);
     }
   };
-
-  /**
-   * A worker for the request now, or after a wait in the router's queue; else 429 / 503.
-   * The wait spends the request's deadline: 'timeout' when it ran out before a worker
-   * was free (the queue's own, shorter limit is still 429).
-   */
-  private async admit(
-    reply: FastifyReply,
-    candidates: readonly WorkerRecord[],
-    hints: RouteHints,
-    deadlineAt: number,
-  ): Promise<Lease | 'timeout'> {
-    const d = this.d;
-    let result: Lease | AdmitFailure | null = d.pool.route(candidates, hints);
-    if (result === null && candidates.length === 0) result = 'unavailable';
-    if (result === null) {
-      // Saturated: wait, unless the client leaves first.
-      const gone = new AbortController();
-      const onClose = () => gone.abort();
-      reply.raw.once('close', onClose);
-      try {
-        result = await d.pool.admit(candidates, hints, {
-          maxWaitMs: deadlineAt - d.clock.now(),
-          signal: gone.signal,
-        });
-      } finally {
-        reply.raw.off('close', onClose);
-      }
-      if (gone.signal.aborted) {
-        // Nobody to answer; a lease obtained at the last moment goes back at once.
-        if (typeof result === 'object') d.pool.abandon(result);
-        throw new ServiceError('cancelled');
-      }
-    }
-    if (result !== 'unavailable' && d.clock.now() >= deadlineAt) {
-      if (typeof result === 'object') d.pool.abandon(result);
-      return 'timeout';
-    }
-    if (result === 'capacity_exceeded') {
-      throw tooManyRequests('capacity_exceeded', 1, SATURATED);
-    }
-    if (result === 'unavailable') {
-      throw new ServiceError('unavailable', {
-        message: 'No healthy worker serves this endpoint right now.',
-        headers: { 'Retry-After': '5' },
-      });
-    }
-    return result;
-  }
 
   /** `x_exec: true`: the tool bridge runs the rounds (src/inference/bridge.ts). */
   private bridge(run: Run, exec: ExecService): Promise<void> {
@@ -886,25 +782,9 @@ function timeoutMessage(deadline: Deadline, tier: Tier): string {
     : deadlineMessage(tier);
 }
 
-function deadlineMessage(tier: Tier): string {
-  return `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`;
-}
-
 /** What is left of the request's deadline for the worker (its queue wait already spent). */
 function remainingMs(run: Run, clock: Clock): number {
   return Math.max(0, run.deadlineAt - clock.now());
-}
-
-/**
- * A saturated worker's `Retry-After` (delay-seconds or an HTTP date) in seconds,
- * passed on to the client; 1 when it sent none or nothing readable.
- */
-function retryAfter(headers: IncomingHttpHeaders, now: number): number {
-  const v = headers['retry-after']?.trim();
-  if (!v) return 1;
-  if (/^\d+$/.test(v)) return Math.max(1, Number(v));
-  const at = Date.parse(v);
-  return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - now) / 1000));
 }
 
 /** Takes the response over from Fastify and opens the SSE stream (status 200). */
@@ -918,15 +798,6 @@ function openSse(reply: FastifyReply, requestId: string, headers: Record<string,
     'x-accel-buffering': 'no',
     'x-request-id': requestId,
     ...headers,
-  });
-}
-
-function mapTransport(err: unknown): ServiceError {
-  if (err instanceof ServiceError) return err;
-  if (isAbort(err)) return new ServiceError('cancelled');
-  return new ServiceError('upstream_error', {
-    message: 'The inference worker could not be reached.',
-    cause: err,
   });
 }
 

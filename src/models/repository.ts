@@ -1,6 +1,12 @@
 /**
  * Models offered by the platform: name, context window, capabilities (such as
  * `tool_calling`), owner. The list entry shape is the spec's Model.
+ *
+ * Capabilities gate the routes and request features that need them:
+ * `tool_calling`, `json_schema`, `logprobs` (chat request fields), `reasoning`,
+ * `vision`, `embeddings` (POST .../v1/embeddings) and `rerank` (POST .../v1/rerank
+ * and .../v1/score); an endpoint whose model lacks one answers 400
+ * `model_capability_missing`.
  */
 import { randomUUID } from 'node:crypto';
 import { asc, eq } from 'drizzle-orm';
@@ -15,6 +21,8 @@ export const CAPABILITIES = [
   'logprobs',
   'reasoning',
   'vision',
+  'embeddings',
+  'rerank',
 ] as const;
 
 export interface ModelRecord {

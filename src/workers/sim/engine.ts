@@ -30,6 +30,10 @@
  *
  * Abort: the `signal` passed to `run` ends queueing, prefill or decoding at once,
  * frees the slot and counts the request in `aborted`.
+ *
+ * Pooling requests (embeddings, rerank, score: `runPooling`) are sequences with a
+ * prompt and nothing to decode: queued and admitted like the others, then one
+ * prefill (ttftMs + prompt tokens × prefillMsPerToken), no prefix-cache blocks.
  */
 import { systemClock, type Clock } from '../../runtime/clock.js';
 import { contextLengthError, simError, type ErrorStyle, type SimHttpError } from './errors.js';
@@ -165,6 +169,9 @@ export interface PreparedRequest {
   completionTokens: number;
 }
 
+/** What the scheduler reads of a request: a prepared chat request, or a pooling one. */
+export type Schedulable = Pick<PreparedRequest, 'promptTokens' | 'blockKeys' | 'plans' | 'steps'>;
+
 export type PrepareResult =
   { ok: true; prepared: PreparedRequest } | { ok: false; error: SimHttpError };
 
@@ -208,7 +215,7 @@ export interface SimEngineStats {
 }
 
 interface Sequence {
-  p: PreparedRequest;
+  p: Schedulable;
   width: number;
   remainder: number;
   tail: number;
@@ -303,7 +310,7 @@ export class SimEngine {
   }
 
   /** Queues, prefills and decodes a prepared request under the timing model. */
-  async run(p: PreparedRequest, hooks: RunHooks = {}): Promise<RunResult> {
+  async run(p: Schedulable, hooks: RunHooks = {}): Promise<RunResult> {
     const o = this.options;
     const { signal } = hooks;
     const seq: Sequence = {
@@ -343,6 +350,14 @@ export class SimEngine {
     } finally {
       this.release(seq);
     }
+  }
+
+  /**
+   * A pooling request of `promptTokens` tokens (embeddings, rerank, score): the same
+   * queue and slots as generation, one prefill, no decode steps, no cached blocks.
+   */
+  runPooling(promptTokens: number, hooks: RunHooks = {}): Promise<RunResult> {
+    return this.run({ promptTokens, blockKeys: [], plans: [], steps: 0 }, hooks);
   }
 
   /** prepare + run + the non-streaming response body; `response` is null if aborted. */

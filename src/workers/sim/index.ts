@@ -15,6 +15,13 @@ export type {
 } from './engine.js';
 export { contextLengthError, type ErrorStyle, type SimHttpError } from './errors.js';
 export { ManualSleep } from './manual-sleep.js';
+export {
+  DEFAULT_EMBEDDING_DIM,
+  embedText,
+  embedTokens,
+  float32Base64,
+  similarity,
+} from './pooling.js';
 export { createSimHandler, startSimWorker } from './server.js';
 export type { FailMode, SimWorker, SimWorkerOptions, SimWorkerStats } from './server.js';
 export { countTokens, renderPrompt, tokenize, tokenizePrompt } from './tokenizer.js';

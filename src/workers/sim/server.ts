@@ -4,7 +4,9 @@
  *
  * Routes: `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
  * `GET /health`, `GET /metrics` (Prometheus, vLLM names), and
- * `POST /reset_prefix_cache` (vLLM's, for cold-cache benchmarks).
+ * `POST /reset_prefix_cache` (vLLM's, for cold-cache benchmarks). The pooling
+ * tasks where vLLM serves them: `POST /v1/embeddings`, `POST /rerank` (also
+ * `/v1/rerank`, `/v2/rerank`) and `POST /score` (also `/v1/score`); see pooling.ts.
  *
  * Disconnects: when the response closes before it has finished, the request's
  * abort signal fires; the engine stops at once, frees the slot and counts it in
@@ -13,7 +15,9 @@
  * Failure injection (`failMode` / `setFailMode`, optionally for the next `times`
  * requests only): `status` answers an error status before any header is sent,
  * `reset` resets the TCP connection without answering, `die-after-tokens` closes the
- * connection after N tokens (mid-stream for SSE, before the body otherwise).
+ * connection after N tokens (mid-stream for SSE, before the body otherwise; on the
+ * pooling routes, which produce no tokens, always before the body). The pooling routes
+ * take their turn of the fail mode like chat completions.
  */
 import { readBody as readBodyWith } from '../http-body.js';
 import { randomUUID } from 'node:crypto';
@@ -28,6 +32,16 @@ import {
 } from './engine.js';
 import { simError, type SimHttpError } from './errors.js';
 import { renderMetrics } from './metrics.js';
+import {
+  checkEmbeddings,
+  checkRerank,
+  checkScore,
+  DEFAULT_EMBEDDING_DIM,
+  embeddingsResponse,
+  rerankResponse,
+  scoreResponse,
+  type PoolingMeta,
+} from './pooling.js';
 import { buildCompletion, StreamFramer, type FinishStyle, type ResponseMeta } from './response.js';
 import { hash53 } from './tokenizer.js';
 import { parseChatRequest } from './wire.js';
@@ -51,6 +65,8 @@ export interface SimWorkerOptions extends SimEngineOptions {
   failMode?: FailMode | null;
   /** Largest accepted request body. Default 32 MiB. */
   maxBodyBytes?: number;
+  /** Size of the embeddings `/v1/embeddings` returns. Default 64. */
+  embeddingDim?: number;
 }
 
 export interface SimWorkerStats extends SimEngineStats {
@@ -69,6 +85,24 @@ export interface SimWorker {
 }
 
 export type RequestListener = (req: IncomingMessage, res: ServerResponse) => void;
+
+type PoolingTask = 'embeddings' | 'rerank' | 'score';
+
+/** Where vLLM serves its pooling tasks (the router calls `<worker /v1 URL>/rerank`). */
+const POOLING_ROUTES: ReadonlyMap<string, PoolingTask> = new Map([
+  ['/v1/embeddings', 'embeddings'],
+  ['/rerank', 'rerank'],
+  ['/v1/rerank', 'rerank'],
+  ['/v2/rerank', 'rerank'],
+  ['/score', 'score'],
+  ['/v1/score', 'score'],
+]);
+
+/** A checked pooling request: its prompt tokens and how to answer it once run. */
+interface PoolingJob {
+  promptTokens: number;
+  respond(meta: PoolingMeta): unknown;
+}
 
 interface Handler {
   listener: RequestListener;
@@ -189,6 +223,96 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
     else if (result.status === 'stopped') res.socket?.end();
   }
 
+  const embeddingDim = opts.embeddingDim ?? DEFAULT_EMBEDDING_DIM;
+
+  function checkPooling(
+    task: PoolingTask,
+    body: unknown,
+  ): { ok: true; job: PoolingJob } | { ok: false; error: SimHttpError } {
+    if (task === 'embeddings') {
+      const c = checkEmbeddings(body, {
+        style,
+        dim: embeddingDim,
+        contextWindow: o.contextWindow,
+      });
+      if (!c.ok) return c;
+      const job = c.value;
+      return {
+        ok: true,
+        job: {
+          promptTokens: job.promptTokens,
+          respond: (meta) => embeddingsResponse(job, embeddingDim, meta),
+        },
+      };
+    }
+    if (task === 'rerank') {
+      const c = checkRerank(body, style);
+      if (!c.ok) return c;
+      const job = c.value;
+      return {
+        ok: true,
+        job: { promptTokens: job.promptTokens, respond: (meta) => rerankResponse(job, meta) },
+      };
+    }
+    const c = checkScore(body, style);
+    if (!c.ok) return c;
+    const job = c.value;
+    return {
+      ok: true,
+      job: { promptTokens: job.promptTokens, respond: (meta) => scoreResponse(job, meta) },
+    };
+  }
+
+  async function handlePooling(
+    task: PoolingTask,
+    req: IncomingMessage,
+    res: ServerResponse,
+    raw: string,
+  ): Promise<void> {
+    let body: unknown;
+    try {
+      body = JSON.parse(raw);
+    } catch (err) {
+      sendError(res, simError(style, 400, `Invalid JSON body: ${(err as Error).message}`));
+      return;
+    }
+    const model = (body as { model?: unknown } | null)?.model;
+    if (o.strictModel && typeof model === 'string' && model !== o.model) {
+      sendError(res, simError(style, 404, `The model \`${model}\` does not exist.`, 'model'));
+      return;
+    }
+    const checked = checkPooling(task, body);
+    if (!checked.ok) {
+      sendError(res, checked.error);
+      return;
+    }
+    const fail = takeFailMode();
+    if (fail?.kind === 'status') {
+      const status = fail.status ?? 500;
+      sendError(res, simError(style, status, `sim: injected failure (status ${status})`));
+      return;
+    }
+    if (fail?.kind === 'reset') {
+      req.socket.resetAndDestroy();
+      return;
+    }
+    if (fail?.kind === 'die-after-tokens') {
+      res.socket?.end();
+      return;
+    }
+    const ac = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) ac.abort();
+    });
+    const result = await engine.runPooling(checked.job.promptTokens, { signal: ac.signal });
+    if (result.status !== 'completed') return;
+    const h = req.headers['x-request-id'];
+    const given = Array.isArray(h) ? h[0] : h;
+    const id = given ?? randomUUID().replace(/-/g, '');
+    const meta: PoolingMeta = { id, created: Math.floor(o.clock.now() / 1000), model: o.model };
+    sendJson(res, 200, checked.job.respond(meta), id);
+  }
+
   async function handleChat(req: IncomingMessage, res: ServerResponse, raw: string): Promise<void> {
     let body: unknown;
     try {
@@ -265,6 +389,11 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
     const path = q < 0 ? url : url.slice(0, q);
     if (req.method === 'POST' && path === '/v1/chat/completions') {
       readBody(req, res, (raw) => handleChat(req, res, raw));
+      return;
+    }
+    const task = req.method === 'POST' ? POOLING_ROUTES.get(path) : undefined;
+    if (task) {
+      readBody(req, res, (raw) => handlePooling(task, req, res, raw));
       return;
     }
     if (req.method === 'GET' && path === '/health') {

@@ -1,0 +1,228 @@
+/**
+ * Request bodies of the pooling routes: embeddings (OpenAI's shape), rerank and
+ * score (the shapes vLLM serves, which Cohere- and Jina-style clients also speak).
+ *
+ * Limits, as OpenAI's embeddings API sets them: `input` is a non-empty string, a
+ * non-empty list of at most 2,048 non-empty strings, a list of token ids, or a list
+ * of such lists; `encoding_format` is `float` or `base64`; `dimensions` a positive
+ * integer. Rerank: a non-empty `query`, 1–1,000 `documents` (strings, or objects
+ * with a `text` string, as Cohere sends them), `top_n` ≥ 1, `return_documents`
+ * boolean (default true: vLLM's and Jina's answer carries them). Score: `text_1` and
+ * `text_2`, each a string or a non-empty list of strings, paired 1:1, 1:N or N:N.
+ *
+ * Every rejection is a 400 `invalid_request_error` whose `param` names the field
+ * path (`input[3]`, `documents[0].text`). Whether the input fits the model's
+ * context window is the engine's call (its exact count, not our estimate): its
+ * 400 comes back as `upstream_rejected` with the engine's message.
+ */
+import { z } from 'zod';
+import { ServiceError } from '../errors/index.js';
+import { formatPath, issueToError } from '../http/validate.js';
+
+export const MAX_EMBEDDING_INPUTS = 2048;
+export const MAX_RERANK_DOCUMENTS = 1000;
+
+/** Fields the router keeps; every other field is forwarded to the worker unchanged. */
+export const ROUTER_ONLY_FIELDS = ['user', 'metadata'] as const;
+
+const tokenIds = z.array(z.number().int().min(0)).min(1, 'must not be empty');
+const nonEmpty = z.string().min(1, 'must not be empty');
+
+const embeddingsSchema = z.looseObject({
+  input: z.union([
+    nonEmpty,
+    z
+      .array(nonEmpty)
+      .min(1, 'must not be empty')
+      .max(MAX_EMBEDDING_INPUTS, `must have at most ${MAX_EMBEDDING_INPUTS} items`),
+    tokenIds,
+    z
+      .array(tokenIds)
+      .min(1, 'must not be empty')
+      .max(MAX_EMBEDDING_INPUTS, `must have at most ${MAX_EMBEDDING_INPUTS} items`),
+  ]),
+  model: z.string().optional(),
+  encoding_format: z.enum(['float', 'base64']).nullish(),
+  dimensions: z.number().int().min(1).nullish(),
+  user: z.string().nullish(),
+});
+
+export type EmbeddingInput = { text: string } | { ids: readonly number[] };
+
+export interface EmbeddingsRequest {
+  body: Record<string, unknown>;
+  inputs: EmbeddingInput[];
+  base64: boolean;
+  dimensions: number | null;
+  user: string | null;
+}
+
+/** The union's issue names no element; find the first bad one so `param` can. */
+function inputIssue(input: unknown): ServiceError | null {
+  if (!Array.isArray(input) || input.length === 0) return null;
+  const strings = typeof input[0] === 'string';
+  const lists = Array.isArray(input[0]);
+  for (let i = 0; i < input.length; i++) {
+    const v: unknown = input[i];
+    const param = `input[${i}]`;
+    if (strings) {
+      if (typeof v !== 'string') return invalid('invalid_type', param, 'expected a string');
+      if (v.length === 0) return invalid('invalid_value', param, 'must not be empty');
+    } else if (lists) {
+      const r = tokenIds.safeParse(v);
+      if (!r.success) {
+        const issue = r.error.issues[0]!;
+        return issueToError({ ...issue, path: [`input`, i, ...issue.path] }, 'invalid_value');
+      }
+    } else if (!Number.isInteger(v) || (v as number) < 0) {
+      return invalid('invalid_value', param, 'expected a non-negative integer token id');
+    }
+  }
+  if (input.length > MAX_EMBEDDING_INPUTS) {
+    return invalid('invalid_value', 'input', `must have at most ${MAX_EMBEDDING_INPUTS} items`);
+  }
+  return null;
+}
+
+function invalid(
+  code: 'invalid_type' | 'invalid_value',
+  param: string,
+  what: string,
+): ServiceError {
+  return new ServiceError(code, { message: `Invalid '${param}': ${what}.`, param });
+}
+
+function valueAt(body: unknown, path: ReadonlyArray<PropertyKey>): unknown {
+  let v: unknown = body;
+  for (const seg of path) {
+    if (v === null || typeof v !== 'object') return undefined;
+    v = (v as Record<PropertyKey, unknown>)[seg];
+  }
+  return v;
+}
+
+function parse<S extends z.ZodType>(schema: S, body: unknown): z.output<S> {
+  const r = schema.safeParse(body, { reportInput: true });
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  if (issue.path.length > 0 && valueAt(body, issue.path) === undefined) {
+    const param = formatPath(issue.path);
+    throw new ServiceError('missing_required_parameter', {
+      message: `Missing required parameter: '${param}'.`,
+      param,
+    });
+  }
+  throw issueToError(issue, issue.code === 'invalid_type' ? 'invalid_type' : 'invalid_value');
+}
+
+export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
+  const input = (body as { input?: unknown } | null)?.input;
+  if (body !== null && typeof body === 'object' && !Array.isArray(body)) {
+    const bad = inputIssue(input);
+    if (bad) throw bad;
+  }
+  const d = parse(embeddingsSchema, body);
+  const raw = d.input;
+  let inputs: EmbeddingInput[];
+  if (typeof raw === 'string') inputs = [{ text: raw }];
+  else if (raw.length > 0 && typeof raw[0] === 'number') inputs = [{ ids: raw as number[] }];
+  else if (typeof raw[0] === 'string') inputs = (raw as string[]).map((text) => ({ text }));
+  else inputs = (raw as number[][]).map((ids) => ({ ids }));
+  return {
+    body: d as Record<string, unknown>,
+    inputs,
+    base64: d.encoding_format === 'base64',
+    dimensions: d.dimensions ?? null,
+    user: d.user ?? null,
+  };
+}
+
+const document = z.union([nonEmpty, z.looseObject({ text: nonEmpty })]);
+
+const rerankSchema = z.looseObject({
+  model: z.string().optional(),
+  query: nonEmpty,
+  documents: z
+    .array(document)
+    .min(1, 'must not be empty')
+    .max(MAX_RERANK_DOCUMENTS, `must have at most ${MAX_RERANK_DOCUMENTS} items`),
+  top_n: z.number().int().min(1).nullish(),
+  return_documents: z.boolean().nullish(),
+  user: z.string().nullish(),
+});
+
+export interface RerankRequest {
+  body: Record<string, unknown>;
+  query: string;
+  documents: string[];
+  topN: number | null;
+  returnDocuments: boolean;
+  user: string | null;
+}
+
+export function parseRerankRequest(body: unknown): RerankRequest {
+  const docs = (body as { documents?: unknown } | null)?.documents;
+  if (Array.isArray(docs)) {
+    // Name the element (and its `text`) rather than the union as a whole.
+    for (let i = 0; i < docs.length && i < MAX_RERANK_DOCUMENTS; i++) {
+      const v: unknown = docs[i];
+      if (typeof v === 'string') {
+        if (v.length === 0) throw invalid('invalid_value', `documents[${i}]`, 'must not be empty');
+      } else if (v !== null && typeof v === 'object' && !Array.isArray(v)) {
+        const text = (v as { text?: unknown }).text;
+        if (typeof text !== 'string' || text.length === 0) {
+          throw invalid(
+            text === undefined || typeof text === 'string' ? 'invalid_value' : 'invalid_type',
+            `documents[${i}].text`,
+            'expected a non-empty string',
+          );
+        }
+      } else {
+        throw invalid('invalid_type', `documents[${i}]`, 'expected a string or {"text": string}');
+      }
+    }
+  }
+  const d = parse(rerankSchema, body);
+  const documents = d.documents.map((x) => (typeof x === 'string' ? x : x.text));
+  return {
+    // Workers take plain strings (vLLM's documents are strings or multimodal parts).
+    body: { ...(d as Record<string, unknown>), documents },
+    query: d.query,
+    documents,
+    topN: d.top_n ?? null,
+    returnDocuments: d.return_documents ?? true,
+    user: d.user ?? null,
+  };
+}
+
+const texts = z.union([nonEmpty, z.array(nonEmpty).min(1, 'must not be empty')]);
+
+const scoreSchema = z.looseObject({
+  model: z.string().optional(),
+  text_1: texts,
+  text_2: texts,
+  user: z.string().nullish(),
+});
+
+export interface ScoreRequest {
+  body: Record<string, unknown>;
+  pairs: Array<[string, string]>;
+  user: string | null;
+}
+
+export function parseScoreRequest(body: unknown): ScoreRequest {
+  const d = parse(scoreSchema, body);
+  const a = typeof d.text_1 === 'string' ? [d.text_1] : d.text_1;
+  const b = typeof d.text_2 === 'string' ? [d.text_2] : d.text_2;
+  if (a.length > 1 && a.length !== b.length) {
+    throw new ServiceError('invalid_value', {
+      message: `Invalid 'text_2': ${a.length} texts in text_1 need as many in text_2 (1:1, 1:N or N:N), got ${b.length}.`,
+      param: 'text_2',
+    });
+  }
+  if (b.length > MAX_RERANK_DOCUMENTS) {
+    throw invalid('invalid_value', 'text_2', `must have at most ${MAX_RERANK_DOCUMENTS} items`);
+  }
+  const pairs = b.map((t2, i): [string, string] => [a.length === 1 ? a[0]! : a[i]!, t2]);
+  return { body: d as Record<string, unknown>, pairs, user: d.user ?? null };
+}

@@ -1,0 +1,125 @@
+/**
+ * Getting a worker for one inference request, and what a worker's failure means
+ * for the client. Shared by chat completions and the pooling routes (embeddings,
+ * rerank, score).
+ *
+ * `admitWorker`: a lease now, or after a wait in the router's queue (routing/pool.ts).
+ * The wait spends the request's deadline: 'timeout' when it ran out before a worker
+ * was free (the queue's own, shorter limit is still 429 `capacity_exceeded`); no
+ * healthy worker at all is 503 `unavailable`; a client that leaves while waiting is
+ * `cancelled`.
+ *
+ * `upstreamFailure`: a worker's non-200 answer as the client's error: its 4xx (other
+ * than 408 and 429) is the request's fault, 400 `upstream_rejected` with the worker's
+ * message; anything else is 502 `upstream_error`. `mapTransport`: a transport error
+ * (connection refused or reset, the request aborted) as the client's error.
+ */
+import type { FastifyReply } from 'fastify';
+import type { IncomingHttpHeaders } from 'node:http';
+import { ServiceError } from '../errors/index.js';
+import { tooManyRequests } from '../http/limits.js';
+import type { AdmitFailure, Lease, RouteHints, WorkerPool } from '../routing/pool.js';
+import type { WorkerRecord } from '../routing/registry.js';
+import type { Clock } from '../runtime/clock.js';
+import type { Tier } from '../tiers/index.js';
+import { upstreamErrorMessage } from './reframe.js';
+
+export const SATURATED = 'Every worker of this endpoint is saturated; retry shortly.';
+
+export async function admitWorker(
+  d: { pool: WorkerPool; clock: Clock },
+  reply: FastifyReply,
+  candidates: readonly WorkerRecord[],
+  hints: RouteHints,
+  deadlineAt: number,
+): Promise<Lease | 'timeout'> {
+  let result: Lease | AdmitFailure | null = d.pool.route(candidates, hints);
+  if (result === null && candidates.length === 0) result = 'unavailable';
+  if (result === null) {
+    // Saturated: wait, unless the client leaves first.
+    const gone = new AbortController();
+    const onClose = () => gone.abort();
+    reply.raw.once('close', onClose);
+    try {
+      result = await d.pool.admit(candidates, hints, {
+        maxWaitMs: deadlineAt - d.clock.now(),
+        signal: gone.signal,
+      });
+    } finally {
+      reply.raw.off('close', onClose);
+    }
+    if (gone.signal.aborted) {
+      // Nobody to answer; a lease obtained at the last moment goes back at once.
+      if (typeof result === 'object') d.pool.abandon(result);
+      throw new ServiceError('cancelled');
+    }
+  }
+  if (result !== 'unavailable' && d.clock.now() >= deadlineAt) {
+    if (typeof result === 'object') d.pool.abandon(result);
+    return 'timeout';
+  }
+  if (result === 'capacity_exceeded') {
+    throw tooManyRequests('capacity_exceeded', 1, SATURATED);
+  }
+  if (result === 'unavailable') {
+    throw new ServiceError('unavailable', {
+      message: 'No healthy worker serves this endpoint right now.',
+      headers: { 'Retry-After': '5' },
+    });
+  }
+  return result;
+}
+
+export function upstreamFailure(status: number, text: string): ServiceError {
+  let message: string | null = null;
+  try {
+    const body: unknown = JSON.parse(text);
+    // OpenAI's `{error: {message}}`, or vLLM's older top-level `{object: "error", message}`.
+    message = upstreamErrorMessage(body);
+    const top = body as { object?: unknown; message?: unknown } | null;
+    if (message === null && top?.object === 'error' && typeof top.message === 'string') {
+      message = top.message;
+    }
+  } catch {
+    message = null;
+  }
+  if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+    return new ServiceError('upstream_rejected', {
+      message: message ?? `The inference worker rejected the request (HTTP ${status}).`,
+    });
+  }
+  return new ServiceError('upstream_error', {
+    message: `The inference worker failed (HTTP ${status}).`,
+  });
+}
+
+function isAbort(err: unknown): boolean {
+  const name = (err as { name?: string } | null)?.name;
+  const code = (err as { code?: string } | null)?.code;
+  return name === 'AbortError' || code === 'UND_ERR_ABORTED';
+}
+
+export function mapTransport(err: unknown): ServiceError {
+  if (err instanceof ServiceError) return err;
+  if (isAbort(err)) return new ServiceError('cancelled');
+  return new ServiceError('upstream_error', {
+    message: 'The inference worker could not be reached.',
+    cause: err,
+  });
+}
+
+export function deadlineMessage(tier: Tier): string {
+  return `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`;
+}
+
+/**
+ * A saturated worker's `Retry-After` (delay-seconds or an HTTP date) in seconds,
+ * passed on to the client; 1 when it sent none or nothing readable.
+ */
+export function retryAfter(headers: IncomingHttpHeaders, now: number): number {
+  const v = headers['retry-after']?.trim();
+  if (!v) return 1;
+  if (/^\d+$/.test(v)) return Math.max(1, Number(v));
+  const at = Date.parse(v);
+  return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - now) / 1000));
+}
