@@ -197,6 +197,11 @@ export class LlmdDefault implements Policy {
  *                                prompts go earlier (most of the worst TTFTs are cold
  *                                prompts; on `tenants` the warm ones then queue longer
  *                                and p99 rises, so this is a measured dead end);
+ *   hit: round(arrival + C·[cold])  two classes, arrival order within each: a request
+ *                                whose booked work exceeds 1/k of its prompt (k = 2: a
+ *                                predicted hit under half the prompt) is cold and sorts
+ *                                after every warm one (C = COLD_CLASS_MS, ~3 h); no
+ *                                reordering among cold prompts, so none starves;
  * and service_tier moves the request by `tierMs`: `priority` −tierMs, `flex` +tierMs.
  *
  * `follow`: the index counts a prompt's blocks as cached on a worker from its dispatch,
@@ -207,8 +212,11 @@ export class LlmdDefault implements Policy {
  * so it runs after the prefill that makes its hit real. The router knows this from
  * its own in-flight requests, not from the worker.
  */
+/** `hit`: the offset that puts every cold request after every warm one. */
+const COLD_CLASS_MS = 1e7;
+
 export interface PriorityRule {
-  order: 'eft' | 'sjf' | 'lst';
+  order: 'eft' | 'sjf' | 'lst' | 'hit';
   k: number;
   tierMs: number;
   follow: boolean;
@@ -333,7 +341,12 @@ export class Switchyard implements Policy {
     const tier = req.tier === 'priority' ? -rule.tierMs : req.tier === 'flex' ? rule.tierMs : 0;
     const e = m * route.workTokens;
     let own: number;
-    if (rule.order === 'lst') {
+    if (rule.order === 'hit') {
+      // Two classes, arrival order within each: requests whose booked work is at most
+      // 1/k of the prompt (a predicted prefix hit) before the cold ones.
+      const cold = route.workTokens > route.promptTokens / rule.k;
+      own = Math.round(req.at + tier + (cold ? COLD_CLASS_MS : 0));
+    } else if (rule.order === 'lst') {
       const d = rule.deadlineMs > 0 ? (req.slo.ttftMs ?? rule.deadlineMs) : 0;
       own = Math.round(req.at + d - rule.k * e + tier);
     } else {

@@ -26,6 +26,8 @@
  *     `eft` (arrival + the estimated own prefill), `eft:K` (arrival + K × it), `sjf` (the
  *     estimate alone), `lst[:K]` (arrival − K × it, least slack first; `deadline:D` adds
  *     the request's X-SLO-TTFT-Ms, or D ms without one; `lst:0` is deadline first), or
+ *     `hit[:K]` (two classes in arrival order: requests predicted to hit more than
+ *     1 − 1/K of their prompt, K = 2 by default, before the others), or
  *     `none` (ordered queues, no priority sent: prints the same as no flag). `tier:X`:
  *     service_tier `priority` sorts X ms earlier, `flex` X ms later; `follow`: a request
  *     whose predicted hit another request still has to prefill sorts no earlier than
@@ -129,7 +131,7 @@ let PRIORITY_ORDER = false;
 let PRIORITY_RULE: PriorityRule | undefined;
 
 /**
- * Parses `eft`, `eft:K`, `sjf`, `sjf:K`, `lst`, `lst:K` or `none`, then optionally
+ * Parses `eft`, `eft:K`, `sjf`, `sjf:K`, `lst`, `lst:K`, `hit`, `hit:K` or `none`, then optionally
  * `,tier:X`, `,follow`, `,deadline:D`.
  */
 function parsePriority(spec: string): PriorityRule | undefined {
@@ -146,10 +148,10 @@ function parsePriority(spec: string): PriorityRule | undefined {
     else throw new Error(`--priority: ${r}?`);
   }
   if (order === 'none') return undefined;
-  if (order !== 'eft' && order !== 'sjf' && order !== 'lst') {
+  if (order !== 'eft' && order !== 'sjf' && order !== 'lst' && order !== 'hit') {
     throw new Error(`--priority: ${rule}?`);
   }
-  const weight = k === undefined ? 1 : Number(k);
+  const weight = k === undefined ? (order === 'hit' ? 2 : 1) : Number(k);
   // lst:0 is earliest deadline first (the deadline alone).
   if (!(weight > 0 || (order === 'lst' && weight === 0))) throw new Error(`--priority: ${rule}?`);
   return { order, k: weight, tierMs, follow, deadlineMs };
