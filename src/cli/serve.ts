@@ -98,6 +98,13 @@ export async function serve(argv: string[]): Promise<number> {
   });
   if (tls) closers.push(watchTls(config, app, logger));
   if (roles.has('dispatcher')) services.dispatcher.start();
+  // Batches run where webhooks are delivered: background work off the API's path.
+  if (roles.has('dispatcher')) {
+    const { BatchRunner } = await import('../batches/runner.js');
+    const runner = new BatchRunner(services, app);
+    runner.start();
+    closers.push(() => runner.stop());
+  }
 
   // ---- exec broker (role `broker`): the execution surface's ZeroMQ transport ----
   // The control plane (services.exec, the AgentDirectory) reaches agents through it.

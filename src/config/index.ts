@@ -71,6 +71,12 @@ export interface Config {
   workerFailedChecks: number;
   /** Largest accepted request body (413 `payload_too_large` above it). */
   maxBodyBytes: number;
+  /** Largest file (Files API upload, or the sum of an upload's parts). */
+  maxFileBytes: number;
+  /** Largest part of a multipart upload (Uploads API). */
+  maxUploadPartBytes: number;
+  /** Requests of one batch the batch runner runs at once. */
+  batchConcurrency: number;
   /** TLS served by the router itself (both set), reloaded when the files change. */
   tlsCertFile: string | undefined;
   tlsKeyFile: string | undefined;
@@ -189,6 +195,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     workerExpireMs: int(env, 'SWITCHYARD_WORKER_EXPIRE_MS', 60_000, 1_000),
     workerFailedChecks: int(env, 'SWITCHYARD_WORKER_FAILED_CHECKS', 3, 1),
     maxBodyBytes: int(env, 'SWITCHYARD_MAX_BODY_BYTES', 4 * 1024 * 1024, 1024),
+    maxFileBytes: int(env, 'SWITCHYARD_MAX_FILE_BYTES', 100 * 1024 * 1024, 1),
+    maxUploadPartBytes: int(env, 'SWITCHYARD_MAX_UPLOAD_PART_BYTES', 64 * 1024 * 1024, 1),
+    batchConcurrency: int(env, 'SWITCHYARD_BATCH_CONCURRENCY', 4, 1),
     tlsCertFile: nonEmpty(env.SWITCHYARD_TLS_CERT_FILE),
     tlsKeyFile: nonEmpty(env.SWITCHYARD_TLS_KEY_FILE),
     drainMs: int(env, 'SWITCHYARD_DRAIN_MS', 30_000, 0),

@@ -16,7 +16,9 @@ import Fastify, {
 } from 'fastify';
 import { internalRoutes } from '../dashboard/index.js';
 import { dashboardRoutes } from '../dashboard/routes.js';
+import { batchRoutes } from '../batches/routes.js';
 import { embeddingRoutes } from '../embeddings/routes.js';
+import { fileRoutes } from '../files/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
 import { keyRoutes } from '../keys/routes.js';
@@ -240,5 +242,7 @@ export async function buildApp(
   await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
   await app.register(embeddingRoutes(services));
+  await app.register(fileRoutes(services));
+  await app.register(batchRoutes(services));
   return app;
 }

@@ -8,6 +8,7 @@
  */
 import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import { ServiceError } from '../errors/index.js';
+import { internalKeyOf } from './internal-key.js';
 import {
   ipAllowed,
   type KeyRecord,
@@ -37,8 +38,12 @@ export async function authenticateKey(
   scope: Scope | null,
 ): Promise<KeyRecord> {
   let v: Verification;
+  // The batch runner's in-process requests (internal-key.ts): inference only.
+  const internal = scope === 'inference' ? internalKeyOf(request) : null;
   try {
-    v = await verifier.verify(request.headers.authorization);
+    v = internal
+      ? await verifier.verifyById(internal.projectId, internal.keyId)
+      : await verifier.verify(request.headers.authorization);
   } catch (err) {
     throw new ServiceError('unavailable', {
       message: 'The key store is temporarily unreachable.',
@@ -51,7 +56,7 @@ export async function authenticateKey(
       message: MESSAGES[v.status],
     });
   }
-  if (!ipAllowed(v.key, request.ip)) {
+  if (!internal && !ipAllowed(v.key, request.ip)) {
     throw new ServiceError('ip_not_allowed', {
       message: `Requests from ${request.ip} are not allowed for this API key.`,
     });

@@ -75,6 +75,19 @@ export class KeyVerifier {
     return decide(entry, now);
   }
 
+  /**
+   * A key by id, read from the database (no cache), decided like a presented value:
+   * for in-process requests on a key's behalf (http/internal-key.ts).
+   */
+  async verifyById(projectId: string, keyId: string): Promise<Verification> {
+    const record = await this.repo.get(projectId, keyId);
+    if (!record) return { status: 'unknown' };
+    return decide(
+      { lookup: { record, validUntil: null }, hash: '', fetchedAt: 0 },
+      this.clock.now(),
+    );
+  }
+
   /** Drops cached verifications of a key (after revoke or rotation). */
   invalidate(keyId: string): void {
     for (const [hash, entry] of this.known.entries()) {

@@ -11,7 +11,9 @@
 import { sql } from 'drizzle-orm';
 import {
   bigint,
+  bigserial,
   check,
+  customType,
   doublePrecision,
   index,
   integer,
@@ -694,5 +696,175 @@ export const slos = pgTable(
     index('slos_project_created_idx').on(t.projectId, t.createdAt),
     check('slos_target_check', sql`${t.ttftMs} is not null or ${t.tpotMs} is not null`),
     check('slos_objective_check', sql`${t.objective} > 0 and ${t.objective} < 1`),
+  ],
+);
+
+/** Raw bytes (PGlite hands back a Uint8Array, node-postgres a Buffer). */
+const bytea = customType<{ data: Buffer; driverData: Uint8Array }>({
+  dataType: () => 'bytea',
+  fromDriver: (v) => (Buffer.isBuffer(v) ? v : Buffer.from(v.buffer, v.byteOffset, v.byteLength)),
+});
+
+/**
+ * Files of a project (src/files/, OpenAI's Files API). The content is in
+ * `blob_chunks` under the file's id, never on a router's disk, so any instance
+ * serves any file. A row is `uploading` (invisible to the API) while its content
+ * is written, `processed` once complete. `seq` orders lists and cursors.
+ */
+export const files = pgTable(
+  'files',
+  {
+    /** `file-<24 hex>` */
+    id: text('id').primaryKey(),
+    seq: bigserial('seq', { mode: 'number' }).notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    filename: text('filename').notNull(),
+    purpose: text('purpose').notNull(),
+    bytes: bigint('bytes', { mode: 'number' }).notNull().default(0),
+    status: text('status').notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    index('files_project_seq_idx').on(t.projectId, t.seq),
+    check('files_status_check', sql`${t.status} in ('uploading', 'processed')`),
+  ],
+);
+
+/**
+ * Content of files and of upload parts, in order of `seq` (gaps allowed), at most
+ * about 1 MiB a row. `owner` is a file id (`file-…`) or an upload part id (`part_…`).
+ */
+export const blobChunks = pgTable(
+  'blob_chunks',
+  {
+    owner: text('owner').notNull(),
+    seq: integer('seq').notNull(),
+    data: bytea('data').notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.owner, t.seq] })],
+);
+
+/** Multipart uploads (OpenAI's Uploads API): parts are collected, then become one file. */
+export const uploads = pgTable(
+  'uploads',
+  {
+    /** `upload_<24 hex>` */
+    id: text('id').primaryKey(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    filename: text('filename').notNull(),
+    purpose: text('purpose').notNull(),
+    /** The size the client declared; the parts named at completion must add up to it. */
+    bytes: bigint('bytes', { mode: 'number' }).notNull(),
+    mimeType: text('mime_type').notNull(),
+    status: text('status').notNull(),
+    fileId: text('file_id'),
+    expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    index('uploads_project_idx').on(t.projectId),
+    check(
+      'uploads_status_check',
+      sql`${t.status} in ('pending', 'completed', 'cancelled', 'expired')`,
+    ),
+  ],
+);
+
+export const uploadParts = pgTable(
+  'upload_parts',
+  {
+    /** `part_<24 hex>`; its bytes are `blob_chunks` owned by this id. */
+    id: text('id').primaryKey(),
+    uploadId: text('upload_id')
+      .notNull()
+      .references(() => uploads.id, { onDelete: 'cascade' }),
+    bytes: bigint('bytes', { mode: 'number' }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [index('upload_parts_upload_idx').on(t.uploadId)],
+);
+
+/**
+ * Batches (OpenAI's Batch API, src/batches/). Run by the batch runner of any
+ * `dispatcher` instance: the one holding the lease (`lease_until`, fencing
+ * `lease_token`) runs the batch's requests; writes of a runner whose token is no
+ * longer current are discarded. `key_id` is the creating key: requests run as it.
+ */
+export const batches = pgTable(
+  'batches',
+  {
+    /** `batch_<24 hex>` */
+    id: text('id').primaryKey(),
+    seq: bigserial('seq', { mode: 'number' }).notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => endpoints.id),
+    keyId: uuid('key_id')
+      .notNull()
+      .references(() => apiKeys.id),
+    /** The request path every line targets: `/v1/chat/completions` or `/v1/embeddings`. */
+    endpoint: text('endpoint').notNull(),
+    inputFileId: text('input_file_id').notNull(),
+    completionWindow: text('completion_window').notNull(),
+    status: text('status').notNull(),
+    outputFileId: text('output_file_id'),
+    errorFileId: text('error_file_id'),
+    errors: jsonb('errors').$type<unknown>(),
+    metadata: jsonb('metadata').$type<Record<string, string>>(),
+    total: integer('total').notNull(),
+    completed: integer('completed').notNull().default(0),
+    failed: integer('failed').notNull().default(0),
+    expiresAt: timestamp('expires_at', { withTimezone: true, mode: 'date' }).notNull(),
+    inProgressAt: timestamp('in_progress_at', { withTimezone: true, mode: 'date' }),
+    finalizingAt: timestamp('finalizing_at', { withTimezone: true, mode: 'date' }),
+    completedAt: timestamp('completed_at', { withTimezone: true, mode: 'date' }),
+    failedAt: timestamp('failed_at', { withTimezone: true, mode: 'date' }),
+    expiredAt: timestamp('expired_at', { withTimezone: true, mode: 'date' }),
+    cancellingAt: timestamp('cancelling_at', { withTimezone: true, mode: 'date' }),
+    cancelledAt: timestamp('cancelled_at', { withTimezone: true, mode: 'date' }),
+    leaseUntil: timestamp('lease_until', { withTimezone: true, mode: 'date' }),
+    leaseToken: bigint('lease_token', { mode: 'number' }).notNull().default(0),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    index('batches_project_seq_idx').on(t.projectId, t.seq),
+    index('batches_active_idx')
+      .on(t.seq)
+      .where(sql`${t.status} in ('validating', 'in_progress', 'finalizing', 'cancelling')`),
+    check(
+      'batches_status_check',
+      sql`${t.status} in ('validating', 'failed', 'in_progress', 'finalizing', 'completed', 'expired', 'cancelling', 'cancelled')`,
+    ),
+  ],
+);
+
+/**
+ * The requests of a batch that is not yet terminal, one row per input line:
+ * `pending` until run, then `completed` (2xx) or `failed` with `result`, the
+ * line of the output or error file. Deleted when the batch is finalised.
+ */
+export const batchRequests = pgTable(
+  'batch_requests',
+  {
+    batchId: text('batch_id')
+      .notNull()
+      .references(() => batches.id, { onDelete: 'cascade' }),
+    idx: integer('idx').notNull(),
+    customId: text('custom_id').notNull(),
+    /** The request body as JSON text. */
+    body: text('body').notNull(),
+    status: text('status').notNull().default('pending'),
+    result: text('result'),
+  },
+  (t) => [
+    primaryKey({ columns: [t.batchId, t.idx] }),
+    check('batch_requests_status_check', sql`${t.status} in ('pending', 'completed', 'failed')`),
   ],
 );

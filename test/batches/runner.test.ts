@@ -1,0 +1,130 @@
+/**
+ * The batch runner across instances and its internal authentication:
+ * two runners on one database run every request exactly once (counted at the
+ * worker); a live lease keeps a batch from a second runner and an expired one
+ * lets it take over; the internal credential is refused from the network.
+ */
+import assert from 'node:assert/strict';
+import { after, before, beforeEach, describe, it } from 'node:test';
+import { BatchRunner } from '../../src/batches/runner.js';
+import { INTERNAL_KEY_HEADER, internalKeyCredential } from '../../src/http/internal-key.js';
+import { tables } from '../../src/store/index.js';
+import { http } from '../support/harness.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { chatLine, readLines, uploadBatchInput, waitForStatus } from './support.js';
+
+describe('batch runner', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture();
+  });
+  after(() => f.close());
+  beforeEach(() => f.server.clock.advance(61_000));
+
+  const create = async (prefix: string, n: number) => {
+    const input = await uploadBatchInput(
+      f,
+      Array.from({ length: n }, (_, i) => chatLine(`${prefix}-${i}`)),
+    );
+    return f.client.batches.create({
+      input_file_id: input,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    });
+  };
+
+  it('two runners on one database run each request exactly once', async () => {
+    const before = f.worker.stats().received;
+    const batches = [await create('a', 6), await create('b', 6), await create('c', 6)];
+    const one = new BatchRunner(f.server.services, f.server.app, { pollMs: 5, concurrency: 2 });
+    const two = new BatchRunner(f.server.services, f.server.app, { pollMs: 5, concurrency: 2 });
+    one.start();
+    two.start();
+    try {
+      for (const b of batches) await waitForStatus(f, b.id, ['completed']);
+    } finally {
+      await Promise.all([one.stop(), two.stop()]);
+    }
+    assert.equal(f.worker.stats().received - before, 18);
+    assert.equal(one.stats.requests + two.stats.requests, 18);
+    assert.equal(one.stats.finalized + two.stats.finalized, 3);
+    for (const [i, b] of batches.entries()) {
+      const done = await f.client.batches.retrieve(b.id);
+      assert.deepEqual(done.request_counts, { total: 6, completed: 6, failed: 0 });
+      const lines = await readLines(f, done.output_file_id!);
+      const prefix = ['a', 'b', 'c'][i]!;
+      assert.deepEqual(
+        lines.map((l) => l.custom_id),
+        Array.from({ length: 6 }, (_, j) => `${prefix}-${j}`),
+      );
+    }
+  });
+
+  it('a live lease keeps the batch from another runner; an expired one is taken over', async () => {
+    const batch = await create('l', 2);
+    const a = new BatchRunner(f.server.services, f.server.app, { pollMs: 5, leaseMs: 30_000 });
+    const b = new BatchRunner(f.server.services, f.server.app, { pollMs: 5, leaseMs: 30_000 });
+    const first = await a.claim();
+    assert.equal(first?.id, batch.id);
+    assert.equal(await b.claim(), null);
+    // Runner `a` died holding it: once the lease has run out, `b` takes over with a new token.
+    f.server.clock.advance(30_001);
+    const second = await b.claim();
+    assert.equal(second?.id, batch.id);
+    assert.equal(second!.token, first!.token + 1);
+    // Let `b`'s lease run out as well, then a running runner finishes the batch.
+    f.server.clock.advance(30_001);
+    b.start();
+    try {
+      await waitForStatus(f, batch.id, ['completed']);
+    } finally {
+      await b.stop();
+    }
+    const done = await f.client.batches.retrieve(batch.id);
+    assert.deepEqual(done.request_counts, { total: 2, completed: 2, failed: 0 });
+  });
+
+  it('refuses the internal credential from the network, even a genuine one', async () => {
+    const [key] = await f.server.services.store.db.select().from(tables.apiKeys);
+    const body = { model: 'x', messages: [{ role: 'user', content: 'hi' }] };
+    for (const value of [
+      'forged.00000000-0000-0000-0000-000000000000.00000000-0000-0000-0000-000000000000',
+      internalKeyCredential(key!.projectId, key!.id),
+    ]) {
+      const res = await http('POST', `${f.baseURL}/chat/completions`, {
+        body,
+        headers: { [INTERNAL_KEY_HEADER]: value },
+      });
+      assert.equal(res.status, 401, res.text);
+      assert.equal((res.body.error as { code: string }).code, 'missing_api_key');
+    }
+    // In-process with a forged token: no key either.
+    const forged = await f.server.app.inject({
+      method: 'POST',
+      url: `/${f.projectId}/chat/v1/chat/completions`,
+      headers: {
+        'content-type': 'application/json',
+        [INTERNAL_KEY_HEADER]: `${'0'.repeat(64)}.${key!.projectId}.${key!.id}`,
+      },
+      payload: JSON.stringify(body),
+    });
+    assert.equal(forged.statusCode, 401);
+    // And the genuine one in-process is good for inference only, not for management routes.
+    const keys = await f.server.app.inject({
+      method: 'GET',
+      url: `/${f.projectId}/v1/keys`,
+      headers: { [INTERNAL_KEY_HEADER]: internalKeyCredential(key!.projectId, key!.id) },
+    });
+    assert.equal(keys.statusCode, 401);
+    const ok = await f.server.app.inject({
+      method: 'POST',
+      url: `/${f.projectId}/chat/v1/chat/completions`,
+      headers: {
+        'content-type': 'application/json',
+        [INTERNAL_KEY_HEADER]: internalKeyCredential(key!.projectId, key!.id),
+      },
+      payload: JSON.stringify(body),
+    });
+    assert.equal(ok.statusCode, 200, ok.body);
+  });
+});

@@ -1,0 +1,187 @@
+/**
+ * The Uploads API with the official OpenAI SDK: create, add parts, complete in a
+ * chosen order (the file's bytes are the parts' in that order, md5 checked),
+ * cancel, expiry after an hour; refusals (size mismatch, unknown part, part too
+ * large, bad batch content, a finished upload) with their codes and `param`.
+ */
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { after, before, beforeEach, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import { tables } from '../../src/store/index.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+
+async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
+  try {
+    await p;
+  } catch (err) {
+    if (err instanceof OpenAI.APIError) return err;
+    throw err;
+  }
+  assert.fail('expected an API error');
+}
+
+describe('uploads with the OpenAI SDK', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({
+      env: {
+        SWITCHYARD_MAX_FILE_BYTES: String(4 * 1024 * 1024),
+        SWITCHYARD_MAX_UPLOAD_PART_BYTES: String(2 * 1024 * 1024),
+      },
+    });
+  });
+  after(() => f.close());
+  beforeEach(() => f.server.clock.advance(61_000));
+
+  const part = (upload: string, data: Buffer) =>
+    f.client.uploads.parts.create(upload, { data: new File([data], 'part') });
+
+  it('assembles a file from parts in the order of part_ids', async () => {
+    const a = Buffer.alloc(1536 * 1024, 0x61);
+    const b = Buffer.from('middle part');
+    const c = Buffer.alloc(1024 * 1024 + 7, 0x63);
+    const whole = Buffer.concat([a, b, c]);
+    const upload = await f.client.uploads.create({
+      filename: 'big.bin',
+      purpose: 'user_data',
+      bytes: whole.length,
+      mime_type: 'application/octet-stream',
+    });
+    assert.match(upload.id, /^upload_[0-9a-f]{24}$/);
+    assert.equal(upload.object, 'upload');
+    assert.equal(upload.status, 'pending');
+    assert.equal(upload.expires_at, upload.created_at + 3600);
+    assert.equal(upload.file, null);
+    // Sent out of order; part_ids decides.
+    const pc = await part(upload.id, c);
+    const pa = await part(upload.id, a);
+    const pb = await part(upload.id, b);
+    const stray = await part(upload.id, Buffer.from('not used'));
+    assert.match(pa.id, /^part_[0-9a-f]{24}$/);
+    assert.equal(pa.object, 'upload.part');
+    assert.equal(pa.upload_id, upload.id);
+
+    const done = await f.client.uploads.complete(upload.id, {
+      part_ids: [pa.id, pb.id, pc.id],
+      md5: createHash('md5').update(whole).digest('hex'),
+    });
+    assert.equal(done.status, 'completed');
+    assert.equal(done.file?.bytes, whole.length);
+    assert.equal(done.file?.filename, 'big.bin');
+    assert.equal(done.file?.purpose, 'user_data');
+    const back = Buffer.from(await (await f.client.files.content(done.file!.id)).arrayBuffer());
+    assert.ok(back.equals(whole));
+    // The unused part and the parts' rows are gone; the chunks are the file's.
+    const db = f.server.services.store.db;
+    assert.equal((await db.select().from(tables.uploadParts)).length, 0);
+    const owners = new Set((await db.select().from(tables.blobChunks)).map((c) => c.owner));
+    assert.ok(!owners.has(stray.id));
+    const again = await apiError(f.client.uploads.complete(upload.id, { part_ids: [pa.id] }));
+    assert.equal(again.status, 409);
+    assert.equal(again.code, 'invalid_state');
+    await f.client.files.delete(done.file!.id);
+  });
+
+  it('refuses a size mismatch, unknown parts, a bad md5 and a part over the limit', async () => {
+    const upload = await f.client.uploads.create({
+      filename: 'x.txt',
+      purpose: 'assistants',
+      bytes: 10,
+      mime_type: 'text/plain',
+    });
+    const p = await part(upload.id, Buffer.from('12345'));
+    const short = await apiError(f.client.uploads.complete(upload.id, { part_ids: [p.id] }));
+    assert.equal(short.status, 400);
+    assert.equal(short.param, 'part_ids');
+    const unknown = await apiError(
+      f.client.uploads.complete(upload.id, { part_ids: [p.id, 'part_nope'] }),
+    );
+    assert.equal(unknown.param, 'part_ids');
+    const p2 = await part(upload.id, Buffer.from('67890'));
+    const md5 = await apiError(
+      f.client.uploads.complete(upload.id, { part_ids: [p.id, p2.id], md5: '0'.repeat(32) }),
+    );
+    assert.equal(md5.status, 400);
+    assert.equal(md5.param, 'md5');
+    const big = await apiError(part(upload.id, Buffer.alloc(2 * 1024 * 1024 + 1)));
+    assert.equal(big.status, 413);
+    assert.equal(big.code, 'payload_too_large');
+    assert.equal(big.param, 'data');
+    const ok = await f.client.uploads.complete(upload.id, { part_ids: [p.id, p2.id] });
+    assert.equal(await (await f.client.files.content(ok.file!.id)).text(), '1234567890');
+
+    const tooBig = await apiError(
+      f.client.uploads.create({
+        filename: 'x',
+        purpose: 'assistants',
+        bytes: 4 * 1024 * 1024 + 1,
+        mime_type: 'text/plain',
+      }),
+    );
+    assert.equal(tooBig.status, 400);
+    assert.equal(tooBig.param, 'bytes');
+    const badPurpose = await apiError(
+      f.client.uploads.create({
+        filename: 'x',
+        purpose: 'nope' as never,
+        bytes: 1,
+        mime_type: 'text/plain',
+      }),
+    );
+    assert.equal(badPurpose.param, 'purpose');
+    assert.equal((await apiError(part('upload_nope', Buffer.from('x')))).code, 'upload_not_found');
+  });
+
+  it('checks a batch upload as batch input at completion', async () => {
+    const text =
+      '{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{}}\nnot json\n';
+    const upload = await f.client.uploads.create({
+      filename: 'b.jsonl',
+      purpose: 'batch',
+      bytes: Buffer.byteLength(text),
+      mime_type: 'application/jsonl',
+    });
+    const p = await part(upload.id, Buffer.from(text));
+    const err = await apiError(f.client.uploads.complete(upload.id, { part_ids: [p.id] }));
+    assert.equal(err.status, 400);
+    assert.equal(err.param, 'part_ids');
+    assert.match(err.message, /Line 2/);
+  });
+
+  it('cancels, and expires an hour after creation', async () => {
+    const upload = await f.client.uploads.create({
+      filename: 'c.txt',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'text/plain',
+    });
+    const p = await part(upload.id, Buffer.from('abc'));
+    const cancelled = await f.client.uploads.cancel(upload.id);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.equal((await apiError(part(upload.id, Buffer.from('x')))).status, 409);
+    assert.equal(
+      (await apiError(f.client.uploads.complete(upload.id, { part_ids: [p.id] }))).code,
+      'invalid_state',
+    );
+    const db = f.server.services.store.db;
+    const parts = await db.select().from(tables.uploadParts);
+    assert.deepEqual(
+      parts.filter((x) => x.uploadId === upload.id),
+      [],
+    );
+    assert.ok(!(await db.select().from(tables.blobChunks)).some((c) => c.owner === p.id));
+
+    const later = await f.client.uploads.create({
+      filename: 'd.txt',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'text/plain',
+    });
+    const q = await part(later.id, Buffer.from('abc'));
+    f.server.clock.advance(3600 * 1000);
+    const expired = await apiError(f.client.uploads.complete(later.id, { part_ids: [q.id] }));
+    assert.equal(expired.status, 409);
+    assert.match(expired.message, /expired/);
+  });
+});
