@@ -71,6 +71,13 @@ export const catalogue = {
   method_not_allowed: e(405, 'invalid_request_error', false, 'Method not allowed.'),
   conflict: e(409, 'invalid_request_error', false, 'The resource already exists.'),
   model_not_found: e(404, 'invalid_request_error', false, 'The model does not exist.'),
+  model_in_use: e(409, 'invalid_request_error', false, 'An endpoint uses the model.'),
+  model_not_owned: e(
+    403,
+    'permission_error',
+    false,
+    'Only the project that created the model may change it.',
+  ),
   endpoint_not_found: e(404, 'invalid_request_error', false, 'The endpoint does not exist.'),
   project_not_found: e(404, 'invalid_request_error', false, 'The project does not exist.'),
   key_not_found: e(404, 'invalid_request_error', false, 'The API key does not exist.'),

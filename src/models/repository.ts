@@ -9,7 +9,7 @@
  * `model_capability_missing`.
  */
 import { randomUUID } from 'node:crypto';
-import { asc, eq } from 'drizzle-orm';
+import { and, asc, eq, isNull, or } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
@@ -33,6 +33,9 @@ export interface ModelRecord {
   ownedBy: string;
   promptPriceCentsPerMtok: number;
   completionPriceCentsPerMtok: number;
+  /** The project that created it (Models API); null for a platform model. */
+  projectId: string | null;
+  deletedAt: Date | null;
   createdAt: Date;
 }
 
@@ -75,13 +78,16 @@ export class ModelRepository {
       ownedBy: string;
       promptPriceCentsPerMtok?: number;
       completionPriceCentsPerMtok?: number;
+      projectId?: string | null;
     },
     now: Date,
   ): Promise<ModelRecord> {
-    const row = {
+    const row: ModelRecord = {
       id: randomUUID(),
       promptPriceCentsPerMtok: 0,
       completionPriceCentsPerMtok: 0,
+      projectId: null,
+      deletedAt: null,
       ...input,
       createdAt: now,
     };
@@ -89,17 +95,63 @@ export class ModelRepository {
     return row;
   }
 
-  async list(): Promise<ModelRecord[]> {
-    return this.db.select().from(models).orderBy(asc(models.createdAt), asc(models.name));
+  /**
+   * Live models: the platform's, plus one project's own when `projectId` is given
+   * (`null`: the platform's only; omitted: every live model, for the operator).
+   */
+  async list(projectId?: string | null): Promise<ModelRecord[]> {
+    return this.db
+      .select()
+      .from(models)
+      .where(and(isNull(models.deletedAt), visibleTo(projectId)))
+      .orderBy(asc(models.createdAt), asc(models.name));
   }
 
-  async findByName(name: string): Promise<ModelRecord | null> {
-    const rows = await this.db.select().from(models).where(eq(models.name, name)).limit(1);
+  /** A live model by name, if `projectId` (as for `list`) may see it. */
+  async findByName(name: string, projectId?: string | null): Promise<ModelRecord | null> {
+    const rows = await this.db
+      .select()
+      .from(models)
+      .where(and(eq(models.name, name), isNull(models.deletedAt), visibleTo(projectId)))
+      .limit(1);
     return rows[0] ?? null;
+  }
+
+  /** A project's change to its own model; null when it is gone. */
+  async update(
+    id: string,
+    patch: { contextWindow?: number | undefined; capabilities?: string[] | undefined },
+  ): Promise<ModelRecord | null> {
+    const set: Partial<typeof models.$inferInsert> = {};
+    if (patch.contextWindow !== undefined) set.contextWindow = patch.contextWindow;
+    if (patch.capabilities !== undefined) set.capabilities = patch.capabilities;
+    if (Object.keys(set).length === 0) return this.findById(id);
+    const rows = await this.db
+      .update(models)
+      .set(set)
+      .where(and(eq(models.id, id), isNull(models.deletedAt)))
+      .returning();
+    return rows[0] ?? null;
+  }
+
+  /** Soft delete: endpoints and workers that name the model keep their reference. */
+  async softDelete(id: string, now: Date): Promise<boolean> {
+    const rows = await this.db
+      .update(models)
+      .set({ deletedAt: now })
+      .where(and(eq(models.id, id), isNull(models.deletedAt)))
+      .returning({ id: models.id });
+    return rows.length > 0;
   }
 
   async findById(id: string): Promise<ModelRecord | null> {
     const rows = await this.db.select().from(models).where(eq(models.id, id)).limit(1);
     return rows[0] ?? null;
   }
+}
+
+function visibleTo(projectId: string | null | undefined) {
+  if (projectId === undefined) return undefined;
+  if (projectId === null) return isNull(models.projectId);
+  return or(isNull(models.projectId), eq(models.projectId, projectId));
 }

@@ -211,7 +211,8 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       async (request, reply) => {
         const p = await project(request.params.project);
         const body = parseBody(createEndpointBody, request.body);
-        const model = await s.models.findByName(body.model);
+        // A platform model, or one this project created through the Models API.
+        const model = await s.models.findByName(body.model, p.id);
         if (!model) {
           throw new ServiceError('model_not_found', {
             message: `No model '${body.model}'.`,

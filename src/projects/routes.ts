@@ -1,16 +1,55 @@
 /**
- * Project read routes under `/<project_id>/v1`: the model list and a model
- * record (scope `inference`), and the endpoint listing (any valid key of the
- * project). The endpoint-level `/<project_id>/<endpoint_slug>/v1/models` lets
- * SDK clients configured with an endpoint base URL call `models.list()`; a key
- * bound to another endpoint gets 403 `endpoint_restricted` there.
+ * Project routes under `/<project_id>/v1`: the Models API and the endpoint listing.
+ *
+ * Models (scope `inference`, as the spec's scope table says, not `management`): the
+ * list and a model record show the platform's models and the project's own;
+ * `POST /models` creates one of the project's own (`{id, context_window,
+ * capabilities?}`, `owned_by` = the project id), `PATCH /models/{model}` changes its
+ * context window or capabilities, `DELETE /models/{model}` deletes it (OpenAI's
+ * `{id, object: "model", deleted: true}`). Only the project that created a model
+ * changes it: a platform model is 403 `model_not_owned`, another project's is 404
+ * `model_not_found` (it is not visible). A model a live endpoint uses is not deleted
+ * (409 `model_in_use`). A key bound to one endpoint may read models but not write
+ * them (403 `endpoint_restricted`), as with the key API.
+ *
+ * The endpoint listing needs any valid key of the project. The endpoint-level
+ * `/<project_id>/<endpoint_slug>/v1/models` lets SDK clients configured with an
+ * endpoint base URL call `models.list()`; a key bound to another endpoint gets 403
+ * `endpoint_restricted` there.
  */
-import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
+import { z } from 'zod';
 import { toEndpointRecord } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { requireKey } from '../http/auth.js';
-import { CAPABILITIES, modelEntry } from '../models/repository.js';
+import { parseBody } from '../http/validate.js';
+import type { KeyRecord } from '../keys/index.js';
+import { CAPABILITIES, modelEntry, type ModelRecord } from '../models/repository.js';
 import type { Services } from '../runtime/services.js';
+import { isUniqueViolation } from '../store/db.js';
+
+const modelName = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(/^[A-Za-z0-9._:/-]+$/, 'must be letters, digits and . _ : / -');
+const contextWindow = z.number().int().min(16).max(10_000_000);
+const capabilities = z
+  .array(z.enum(CAPABILITIES))
+  .max(CAPABILITIES.length)
+  .transform((c) => [...new Set(c)]);
+
+const createModelBody = z
+  .object({ id: modelName, context_window: contextWindow, capabilities: capabilities.optional() })
+  .strict();
+const patchModelBody = z
+  .object({ context_window: contextWindow.optional(), capabilities: capabilities.optional() })
+  .strict();
+
+/** The Models API's record: the list entry plus what the project configured. */
+function projectModel(m: ModelRecord) {
+  return { ...modelEntry(m), context_window: m.contextWindow, capabilities: m.capabilities };
+}
 
 function isCapability(v: string): boolean {
   return (CAPABILITIES as readonly string[]).includes(v);
@@ -25,6 +64,38 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
     const inference = requireKey(s.verifier, 'inference');
     const anyScope = requireKey(s.verifier, null);
 
+    function notFound(name: string): ServiceError {
+      return new ServiceError('model_not_found', {
+        message: `The model '${name}' does not exist.`,
+        param: 'model',
+      });
+    }
+
+    /** A platform model or one of the key's project's own; another project's is not found. */
+    async function visibleModel(key: KeyRecord, name: string): Promise<ModelRecord> {
+      const m = await s.models.findByName(name, key.projectId);
+      if (!m) throw notFound(name);
+      return m;
+    }
+
+    async function ownModel(key: KeyRecord, name: string): Promise<ModelRecord> {
+      const m = await visibleModel(key, name);
+      if (m.projectId !== key.projectId) {
+        throw new ServiceError('model_not_owned', {
+          message: `The model '${name}' is the platform's; only its operator changes it.`,
+          param: 'model',
+        });
+      }
+      return m;
+    }
+
+    /** Model writes are project-wide: not for a key bound to one endpoint. */
+    function writer(request: FastifyRequest): KeyRecord {
+      const key = request.apiKey!;
+      if (key.endpointId !== null) throw new ServiceError('endpoint_restricted');
+      return key;
+    }
+
     // `?capability=tool_calling` keeps the models with that capability (the
     // models an `x_exec` chat request can use).
     app.get<{ Params: ProjectParams; Querystring: { capability?: string | string[] } }>(
@@ -38,7 +109,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
             param: 'capability',
           });
         }
-        const models = await s.models.list();
+        const models = await s.models.list(request.apiKey!.projectId);
         return {
           object: 'list',
           data: models.filter((m) => !want || m.capabilities.includes(want)).map(modelEntry),
@@ -53,15 +124,71 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       '/:projectId/v1/models/*',
       { preParsing: inference },
       async (request) => {
-        const name = request.params['*'];
-        const m = await s.models.findByName(name);
-        if (!m) {
-          throw new ServiceError('model_not_found', {
-            message: `The model '${name}' does not exist.`,
-            param: 'model',
+        return modelEntry(await visibleModel(request.apiKey!, request.params['*']));
+      },
+    );
+
+    app.post<{ Params: ProjectParams }>(
+      '/:projectId/v1/models',
+      { preParsing: inference },
+      async (request, reply) => {
+        const key = writer(request);
+        const body = parseBody(createModelBody, request.body);
+        const m = await s.models
+          .create(
+            {
+              name: body.id,
+              contextWindow: body.context_window,
+              capabilities: body.capabilities ?? [],
+              ownedBy: request.params.projectId,
+              projectId: key.projectId,
+            },
+            new Date(s.clock.now()),
+          )
+          .catch((err: unknown) => {
+            if (!isUniqueViolation(err)) throw err;
+            throw new ServiceError('conflict', {
+              message: `A model named '${body.id}' already exists.`,
+              param: 'id',
+            });
+          });
+        return reply.code(201).send(projectModel(m));
+      },
+    );
+
+    app.patch<{ Params: ProjectParams & { '*': string } }>(
+      '/:projectId/v1/models/*',
+      { preParsing: inference },
+      async (request) => {
+        const key = writer(request);
+        const m = await ownModel(key, request.params['*']);
+        const body = parseBody(patchModelBody, request.body);
+        const updated = await s.models.update(m.id, {
+          contextWindow: body.context_window,
+          capabilities: body.capabilities,
+        });
+        if (!updated) throw notFound(m.name);
+        // Endpoints carry their model's context window and capabilities (cached).
+        await s.bus.publish('endpoint', m.id);
+        return projectModel(updated);
+      },
+    );
+
+    app.delete<{ Params: ProjectParams & { '*': string } }>(
+      '/:projectId/v1/models/*',
+      { preParsing: inference },
+      async (request) => {
+        const key = writer(request);
+        const m = await ownModel(key, request.params['*']);
+        const using = (await s.endpoints.list(key.projectId)).filter((e) => e.modelId === m.id);
+        if (using.length > 0) {
+          throw new ServiceError('model_in_use', {
+            message: `The model '${m.name}' serves the endpoint '${using[0]!.slug}'; delete the endpoint first.`,
           });
         }
-        return modelEntry(m);
+        if (!(await s.models.softDelete(m.id, new Date(s.clock.now())))) throw notFound(m.name);
+        await s.bus.publish('endpoint', m.id);
+        return { id: m.name, object: 'model', deleted: true };
       },
     );
 

@@ -62,9 +62,20 @@ export const models = pgTable(
     /** Prices in cents per million tokens; tokens × price = cost in micro-cents. */
     promptPriceCentsPerMtok: integer('prompt_price_cents_per_mtok').notNull().default(0),
     completionPriceCentsPerMtok: integer('completion_price_cents_per_mtok').notNull().default(0),
+    /**
+     * The project that created the model through the Models API (scope `inference`);
+     * null for the platform's models, which every project sees.
+     */
+    projectId: uuid('project_id').references(() => projects.id),
+    /** Deleted through the Models API: hidden, its name free again; endpoints and workers keep the row. */
+    deletedAt: timestamp('deleted_at', { withTimezone: true, mode: 'date' }),
     createdAt: createdAt(),
   },
-  (t) => [uniqueIndex('models_name_key').on(t.name)],
+  (t) => [
+    uniqueIndex('models_name_key')
+      .on(t.name)
+      .where(sql`${t.deletedAt} is null`),
+  ],
 );
 
 export const tiers = pgTable('tiers', {
