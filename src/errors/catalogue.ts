@@ -67,6 +67,7 @@ export const catalogue = {
   file_not_found: e(404, 'invalid_request_error', false, 'No such file.'),
   upload_not_found: e(404, 'invalid_request_error', false, 'No such upload.'),
   batch_not_found: e(404, 'invalid_request_error', false, 'No such batch.'),
+  conversation_not_found: e(404, 'invalid_request_error', false, 'No such conversation.'),
   route_not_found: e(404, 'invalid_request_error', false, 'Unknown route.'),
   method_not_allowed: e(405, 'invalid_request_error', false, 'Method not allowed.'),
   conflict: e(409, 'invalid_request_error', false, 'The resource already exists.'),

@@ -18,6 +18,8 @@ import { internalRoutes } from '../dashboard/index.js';
 import { dashboardRoutes } from '../dashboard/routes.js';
 import { batchRoutes } from '../batches/routes.js';
 import { embeddingRoutes } from '../embeddings/routes.js';
+import { responsesRoutes } from '../responses/routes.js';
+import { conversationRoutes } from '../conversations/routes.js';
 import { fileRoutes } from '../files/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
@@ -242,6 +244,8 @@ export async function buildApp(
   await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
   await app.register(embeddingRoutes(services));
+  await app.register(responsesRoutes(services));
+  await app.register(conversationRoutes(services));
   await app.register(fileRoutes(services));
   await app.register(batchRoutes(services));
   return app;

@@ -2,7 +2,8 @@
  * In-process requests on behalf of an API key whose secret the service does not
  * have (it stores only hashes): the batch runner replays each line of a batch as
  * a real request through `app.inject`, authenticated as the key that created the
- * batch, so keys, limits, routing, usage and billing apply unchanged.
+ * batch, and the Responses API runs each response as an injected chat completion
+ * as the caller's key, so keys, limits, routing, usage and billing apply unchanged.
  *
  * The credential is the header `X-Switchyard-Internal-Key: <token>.<project uuid>.<key id>`,
  * where `<token>` is 32 random bytes made when this module loads: it never leaves
@@ -21,6 +22,7 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { Socket } from 'node:net';
 import type { FastifyRequest } from 'fastify';
+import type { ServerResponse } from 'node:http';
 
 export const INTERNAL_KEY_HEADER = 'x-switchyard-internal-key';
 
@@ -46,4 +48,55 @@ export function internalKeyOf(
   if (given.length !== TOKEN_BYTES.length || !timingSafeEqual(given, TOKEN_BYTES)) return null;
   if (!UUID.test(projectId) || !UUID.test(keyId)) return null;
   return { projectId, keyId };
+}
+
+/**
+ * In-process calls that a client's connection stands behind (the Responses API runs
+ * each response as an injected chat completion): when that client goes away, the
+ * injected request must end as a disconnect would, even before the chat route has
+ * answered anything (waiting in the router's queue, or for the first token). The
+ * caller names the call in `X-Switchyard-Internal-Call`; the inference path attaches
+ * its response to the name (`attachInternalCall`), and `abort` destroys it, which the
+ * route sees as its client closing. Only injected requests are attached.
+ */
+export const INTERNAL_CALL_HEADER = 'x-switchyard-internal-call';
+
+interface Call {
+  res: ServerResponse | null;
+  aborted: boolean;
+}
+const calls = new Map<string, Call>();
+
+export interface InternalCall {
+  id: string;
+  /** The caller's client left: end the injected request now or as soon as it attaches. */
+  abort(): void;
+  /** The call is over; forget it. */
+  done(): void;
+}
+
+export function internalCall(): InternalCall {
+  const id = randomBytes(16).toString('hex');
+  const call: Call = { res: null, aborted: false };
+  calls.set(id, call);
+  return {
+    id,
+    abort() {
+      call.aborted = true;
+      if (call.res && !call.res.writableFinished) call.res.destroy();
+    },
+    done() {
+      calls.delete(id);
+    },
+  };
+}
+
+/** Called by the inference path with its response; a no-op for requests from the network. */
+export function attachInternalCall(request: FastifyRequest, res: ServerResponse): void {
+  const id = request.headers[INTERNAL_CALL_HEADER];
+  if (typeof id !== 'string' || request.raw.socket instanceof Socket) return;
+  const call = calls.get(id);
+  if (!call) return;
+  call.res = res;
+  if (call.aborted) res.destroy();
 }

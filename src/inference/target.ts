@@ -15,6 +15,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey } from '../http/auth.js';
+import { attachInternalCall } from '../http/internal-key.js';
 import { decoded } from '../http/json-body.js';
 import type { Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
@@ -45,6 +46,8 @@ export async function resolveTarget(
     endpointSlug: string;
   };
   const key = await authenticateKey(d.verifier, request, projectId, 'inference');
+  // An in-process call (the Responses API) ends when its caller's client leaves.
+  attachInternalCall(request, reply.raw);
   // A body that did not decode answers right after the key (http/json-body.ts).
   const body = decoded(request.body);
   const endpoint = await d.endpoints(key.projectId, endpointSlug);

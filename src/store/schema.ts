@@ -879,3 +879,64 @@ export const batchRequests = pgTable(
     check('batch_requests_status_check', sql`${t.status} in ('pending', 'completed', 'failed')`),
   ],
 );
+
+/**
+ * Stored Responses API responses (`store` true, the default): the Response object as
+ * the client got it, the input items it was given (with their ids, for
+ * `/input_items`), and the whole conversation through its output as chat messages,
+ * so a later request's `previous_response_id` continues it without walking a chain.
+ * Instructions are not part of `messages` (they do not carry over, as in OpenAI's API).
+ */
+export const responses = pgTable(
+  'responses',
+  {
+    id: text('id').primaryKey(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => endpoints.id),
+    body: jsonb('body').$type<Record<string, unknown>>().notNull(),
+    inputItems: jsonb('input_items').$type<Record<string, unknown>[]>().notNull(),
+    messages: jsonb('messages').$type<Record<string, unknown>[]>().notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [index('responses_project_created_idx').on(t.projectId, t.createdAt)],
+);
+
+/** Conversations API: a project's conversation (soft-deleted, so its items go with it). */
+export const conversations = pgTable(
+  'conversations',
+  {
+    id: text('id').primaryKey(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
+    createdAt: createdAt(),
+    deletedAt: timestamp('deleted_at', { withTimezone: true, mode: 'date' }),
+  },
+  (t) => [index('conversations_project_idx').on(t.projectId, t.createdAt)],
+);
+
+/**
+ * A conversation's items in order (`seq`): messages, function calls and their
+ * outputs in the Responses API's item shape, with their ids.
+ */
+export const conversationItems = pgTable(
+  'conversation_items',
+  {
+    conversationId: text('conversation_id')
+      .notNull()
+      .references(() => conversations.id, { onDelete: 'cascade' }),
+    seq: bigserial('seq', { mode: 'number' }).notNull(),
+    id: text('id').notNull(),
+    item: jsonb('item').$type<Record<string, unknown>>().notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.conversationId, t.seq] }),
+    uniqueIndex('conversation_items_id_key').on(t.conversationId, t.id),
+  ],
+);

@@ -1,0 +1,108 @@
+/**
+ * OpenAI's Conversations API (scope `inference`), under the endpoint base URL and the
+ * project alias `/<project_id>/v1`, with the files routes' access rules and the
+ * project's shared management limit (spec, Limits: conversations share the 60 a
+ * minute): `POST /conversations` `{items?, metadata?}`, `GET`/`POST`(metadata)/`DELETE
+ * /conversations/{id}`, `GET`/`POST /conversations/{id}/items`, `GET`/`DELETE
+ * /conversations/{id}/items/{item_id}`. Items are the Responses API's input items
+ * (at most 20 per request, as OpenAI); a response made with `conversation` reads them
+ * as its history and appends its input and output (responses/routes.ts).
+ */
+import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { projectOf, surfaceAccess } from '../files/access.js';
+import { parseBody } from '../http/validate.js';
+import { ServiceError } from '../errors/index.js';
+import { parseInputItem, storedItem } from '../responses/request.js';
+import type { Services } from '../runtime/services.js';
+import { ConversationService, notFound, type Item } from './service.js';
+
+export const MAX_ITEMS_PER_REQUEST = 20;
+
+const metadata = z
+  .record(
+    z.string().max(64, 'keys up to 64 characters'),
+    z.string().max(512, 'values up to 512 characters'),
+  )
+  .refine((m) => Object.keys(m).length <= 16, 'at most 16 pairs');
+
+const createBody = z.object({
+  items: z.array(z.unknown()).max(MAX_ITEMS_PER_REQUEST).nullish(),
+  metadata: metadata.nullish(),
+});
+const updateBody = z.object({ metadata });
+const itemsBody = z.object({ items: z.array(z.unknown()).min(1).max(MAX_ITEMS_PER_REQUEST) });
+
+function items(raw: readonly unknown[] | null | undefined): Item[] {
+  return (raw ?? []).map((v, i) => storedItem(parseInputItem(v, ['items', i])) as Item);
+}
+
+function listQuery(q: { limit?: string; order?: string; after?: string }) {
+  const limit = q.limit === undefined ? 20 : Number(q.limit);
+  if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+    throw new ServiceError('invalid_value', {
+      message: 'limit must be an integer from 1 to 100.',
+      param: 'limit',
+    });
+  }
+  const order = q.order ?? 'desc';
+  if (order !== 'asc' && order !== 'desc') {
+    throw new ServiceError('invalid_value', {
+      message: "order must be 'asc' or 'desc'.",
+      param: 'order',
+    });
+  }
+  return { limit, order: order as 'asc' | 'desc', after: q.after };
+}
+
+type P = { conversationId: string; itemId: string };
+type Q = { limit?: string; order?: string; after?: string };
+
+export function conversationRoutes(s: Services): FastifyPluginAsync {
+  return async (app: FastifyInstance) => {
+    const svc = new ConversationService(s.store.db, s.clock, () => s.dispatcher.poke());
+    for (const hook of surfaceAccess(s)) app.addHook('preParsing', hook);
+    const id = (r: FastifyRequest) => (r.params as P).conversationId;
+
+    for (const root of ['/:projectId/:endpointSlug/v1', '/:projectId/v1']) {
+      const base = `${root}/conversations`;
+      app.post(base, async (r) => {
+        const body = parseBody(createBody, r.body ?? {});
+        return svc.create(projectOf(r), {
+          items: items(body.items),
+          metadata: body.metadata ?? {},
+        });
+      });
+      app.get(`${base}/:conversationId`, async (r) => {
+        const c = await svc.get(projectOf(r), id(r));
+        if (!c) throw notFound(id(r));
+        return c;
+      });
+      app.post(`${base}/:conversationId`, async (r) => {
+        const body = parseBody(updateBody, r.body);
+        return svc.update(projectOf(r), id(r), body.metadata);
+      });
+      app.delete(`${base}/:conversationId`, async (r) => svc.remove(projectOf(r), id(r)));
+      app.get<{ Querystring: Q }>(`${base}/:conversationId/items`, async (r) =>
+        svc.items(projectOf(r), id(r), listQuery(r.query)),
+      );
+      app.post(`${base}/:conversationId/items`, async (r) => {
+        const body = parseBody(itemsBody, r.body);
+        const added = await svc.append(projectOf(r), id(r), items(body.items));
+        return {
+          object: 'list',
+          data: added,
+          first_id: added[0]?.id ?? null,
+          last_id: added[added.length - 1]?.id ?? null,
+          has_more: false,
+        };
+      });
+      app.get(`${base}/:conversationId/items/:itemId`, async (r) =>
+        svc.item(projectOf(r), id(r), (r.params as P).itemId),
+      );
+      app.delete(`${base}/:conversationId/items/:itemId`, async (r) =>
+        svc.removeItem(projectOf(r), id(r), (r.params as P).itemId),
+      );
+    }
+  };
+}

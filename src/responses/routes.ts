@@ -1,0 +1,459 @@
+/**
+ * OpenAI's Responses API under `/<project_id>/<endpoint_slug>/v1` (scope `inference`):
+ * `POST /responses` (JSON, or SSE with `stream: true`), `GET /responses/{id}`,
+ * `DELETE /responses/{id}`, `GET /responses/{id}/input_items`.
+ *
+ * A response is a chat completion underneath. The request becomes a chat body
+ * (request.ts), which runs through the chat route in-process (`app.inject`, acting
+ * as the caller's key through http/internal-key.ts), so the key's scopes, the
+ * endpoint, limits, the clamp, routing, failover, timeouts, usage records and
+ * billing are exactly chat's. The injected request streams (`payloadAsStream`): SSE
+ * chunks become Responses events as they arrive (output.ts), and a client that goes
+ * away destroys the injected response, which aborts the worker's request as a
+ * disconnect from chat would.
+ *
+ * Errors from the chat path come back with their status, code and headers
+ * (`Retry-After`, rate-limit headers), `param` renamed to the Responses field
+ * (`max_output_tokens`, `text.format`, `input`). Once a stream has started, a failure
+ * is an `error` event and `response.failed`.
+ *
+ * Stored responses (`store`, default true) keep the Response, its input items and the
+ * conversation as chat messages; `previous_response_id` continues from them (an
+ * unknown one is 400 `invalid_value`). A key bound to one endpoint sees only the
+ * responses made through it. `response.completed` (also for `incomplete`) and
+ * `response.failed` events are emitted for webhooks, stored or not.
+ */
+import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import type { Readable } from 'node:stream';
+import { and, eq } from 'drizzle-orm';
+import { ConversationService, type Item } from '../conversations/service.js';
+import type { Endpoint } from '../endpoints/repository.js';
+import { ServiceError } from '../errors/index.js';
+import { emitEvent } from '../events/outbox.js';
+import { authenticateKey } from '../http/auth.js';
+import {
+  INTERNAL_CALL_HEADER,
+  INTERNAL_KEY_HEADER,
+  internalCall,
+  internalKeyCredential,
+} from '../http/internal-key.js';
+import { decoded, deferJsonErrors } from '../http/json-body.js';
+import { isDone, SseParser } from '../inference/sse.js';
+import type { KeyRecord } from '../keys/index.js';
+import type { Services } from '../runtime/services.js';
+import { tables } from '../store/index.js';
+import {
+  fromCompletion,
+  newId,
+  outputMessages,
+  ResponseStream,
+  type Json,
+  type Shell,
+} from './output.js';
+import {
+  chatBody,
+  parseResponsesRequest,
+  responsesParam,
+  storedItem,
+  toChatMessages,
+  type InputItem,
+  type ResponsesRequest,
+} from './request.js';
+
+const { responses } = tables;
+
+/** Headers of the chat answer that the Responses answer carries too. */
+const PASSED_HEADERS = [
+  'retry-after',
+  'ratelimit-limit',
+  'ratelimit-remaining',
+  'ratelimit-reset',
+  'x-ratelimit-limit',
+  'x-ratelimit-remaining',
+  'x-ratelimit-reset',
+  'x-ratelimit-warning',
+  'x-service-worker-id',
+  'x-service-max-tokens-clamped',
+];
+
+/** Request headers the chat route reads (routing hints). */
+const FORWARDED_HEADERS = ['x-slo-ttft-ms', 'x-slo-tpot-ms'];
+
+interface Params {
+  projectId: string;
+  endpointSlug: string;
+  responseId?: string;
+}
+
+function readAll(stream: Readable): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    stream.on('data', (c: Buffer) => chunks.push(c));
+    stream.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
+    stream.on('error', reject);
+  });
+}
+
+/** A chat error answer as the Responses API's error (param renamed). */
+function chatError(status: number, text: string, headers: Record<string, unknown>): ServiceError {
+  let e: { code?: unknown; message?: unknown; param?: unknown } = {};
+  try {
+    e = ((JSON.parse(text) as { error?: typeof e }).error ?? {}) as typeof e;
+  } catch {
+    // not the service's envelope
+  }
+  const code = typeof e.code === 'string' ? e.code : 'internal_error';
+  const passed: Record<string, string> = {};
+  for (const h of PASSED_HEADERS) if (headers[h] !== undefined) passed[h] = String(headers[h]);
+  const extra: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(e)) {
+    if (!['code', 'message', 'param', 'type'].includes(k)) extra[k] = v;
+  }
+  return new ServiceError(code as never, {
+    message: typeof e.message === 'string' ? e.message : `The request failed (HTTP ${status}).`,
+    param: responsesParam(typeof e.param === 'string' ? e.param : null),
+    headers: passed,
+    extra,
+  });
+}
+
+class ResponsesApi {
+  constructor(
+    private readonly s: Services,
+    private readonly app: FastifyInstance,
+    private readonly conversations: ConversationService,
+  ) {}
+
+  private async access(
+    request: FastifyRequest<{ Params: Params }>,
+  ): Promise<{ key: KeyRecord; endpoint: Endpoint }> {
+    const { projectId, endpointSlug } = request.params;
+    const key = await authenticateKey(this.s.verifier, request, projectId, 'inference');
+    const endpoint = await this.s.resolveEndpoint(key.projectId, endpointSlug);
+    if (!endpoint) {
+      throw new ServiceError('endpoint_not_found', {
+        message: `No endpoint '${endpointSlug}' in this project.`,
+      });
+    }
+    if (key.endpointId && key.endpointId !== endpoint.id) {
+      throw new ServiceError('endpoint_restricted');
+    }
+    return { key, endpoint };
+  }
+
+  private async stored(key: KeyRecord, id: string) {
+    const rows = await this.s.store.db
+      .select()
+      .from(responses)
+      .where(and(eq(responses.id, id), eq(responses.projectId, key.projectId)))
+      .limit(1);
+    const row = rows[0];
+    // A bound key sees only what its endpoint made.
+    if (!row || (key.endpointId && key.endpointId !== row.endpointId)) return null;
+    return row;
+  }
+
+  private notFound(id: string, param: string | null = null): ServiceError {
+    return new ServiceError('not_found', {
+      message: `No response with id '${id}'.`,
+      param,
+    });
+  }
+
+  create = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
+    const { key, endpoint } = await this.access(request);
+    const r = parseResponsesRequest(decoded(request.body));
+    let history: Json[] = [];
+    if (r.previousResponseId) {
+      const prev = await this.stored(key, r.previousResponseId);
+      if (!prev) {
+        throw new ServiceError('invalid_value', {
+          message: `Previous response with id '${r.previousResponseId}' not found.`,
+          param: 'previous_response_id',
+        });
+      }
+      history = prev.messages;
+    }
+    if (r.conversationId !== null) {
+      const items = await this.conversations.allItems(key.projectId, r.conversationId);
+      if (!items) {
+        throw new ServiceError('invalid_value', {
+          message: `Conversation with id '${r.conversationId}' not found.`,
+          param: 'conversation',
+        });
+      }
+      history = toChatMessages(items as unknown as InputItem[]);
+    }
+    const body = chatBody(r, history);
+    if (r.stream) body.stream_options = { include_usage: true };
+
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      [INTERNAL_KEY_HEADER]: internalKeyCredential(key.projectId, key.id),
+    };
+    for (const h of FORWARDED_HEADERS) {
+      const v = request.headers[h];
+      if (typeof v === 'string') headers[h] = v;
+    }
+    // The client leaving ends the chat request as a disconnect would, at any stage.
+    const call = internalCall();
+    headers[INTERNAL_CALL_HEADER] = call.id;
+    const onClose = () => {
+      if (!reply.raw.writableFinished) call.abort();
+    };
+    reply.raw.on('close', onClose);
+    try {
+      await this.run(key, endpoint, r, history, body, headers, request, reply);
+    } catch (err) {
+      if (reply.raw.destroyed) {
+        // Nobody to answer.
+        reply.hijack();
+        return;
+      }
+      throw err;
+    } finally {
+      reply.raw.off('close', onClose);
+      call.done();
+    }
+  };
+
+  private async run(
+    key: KeyRecord,
+    endpoint: Endpoint,
+    r: ResponsesRequest,
+    history: Json[],
+    body: Json,
+    headers: Record<string, string>,
+    request: FastifyRequest<{ Params: Params }>,
+    reply: FastifyReply,
+  ): Promise<void> {
+    const s = this.s;
+    const res = await this.app.inject({
+      method: 'POST',
+      url: `/${request.params.projectId}/${request.params.endpointSlug}/v1/chat/completions`,
+      headers,
+      payload: JSON.stringify(body),
+      payloadAsStream: true,
+    });
+    const stream = res.stream();
+    const shell: Shell = {
+      id: newId('resp'),
+      createdAt: Math.floor(s.clock.now() / 1000),
+      model: endpoint.modelName,
+      serviceTier: endpoint.tierId,
+      request: r,
+    };
+    const isSse = String(res.headers['content-type'] ?? '').startsWith('text/event-stream');
+    if (res.statusCode !== 200 || !isSse) {
+      const text = await readAll(stream);
+      if (res.statusCode !== 200) throw chatError(res.statusCode, text, res.headers);
+      const response = fromCompletion(shell, JSON.parse(text) as Json);
+      await this.finish(key, endpoint, r, history, response);
+      for (const h of PASSED_HEADERS) {
+        const v = res.headers[h];
+        if (v !== undefined) reply.header(h, v);
+      }
+      await reply.type('application/json').send(JSON.stringify(response));
+      return;
+    }
+    await this.stream(key, endpoint, r, history, shell, stream, res.headers, reply);
+  }
+
+  private async stream(
+    key: KeyRecord,
+    endpoint: Endpoint,
+    r: ResponsesRequest,
+    history: Json[],
+    shell: Shell,
+    chat: Readable,
+    chatHeaders: Record<string, unknown>,
+    reply: FastifyReply,
+  ): Promise<void> {
+    const raw = reply.raw;
+    reply.hijack();
+    const head: Record<string, string> = {
+      ...(reply.getHeaders() as Record<string, string>),
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+      'x-request-id': reply.request.id,
+    };
+    for (const h of PASSED_HEADERS) {
+      const v = chatHeaders[h];
+      if (v !== undefined) head[h] = String(v);
+    }
+    raw.writeHead(200, head);
+    const t = new ResponseStream(shell);
+    const send = (events: Json[]) => {
+      let text = '';
+      for (const e of events) text += `event: ${String(e.type)}\ndata: ${JSON.stringify(e)}\n\n`;
+      if (text && !raw.destroyed) raw.write(text);
+    };
+    send(t.start());
+    const parser = new SseParser();
+    let final: Json | null = null;
+    try {
+      outer: for await (const chunk of chat) {
+        for (const ev of parser.feed(chunk as Buffer)) {
+          if (ev.event === 'error') {
+            const err = (JSON.parse(ev.data) as { error?: Json }).error ?? {};
+            const failed = t.fail(err);
+            send(failed.events);
+            final = failed.response;
+            break outer;
+          }
+          if (isDone(ev)) break outer;
+          send(t.chunk(JSON.parse(ev.data) as Json));
+        }
+      }
+    } catch (err) {
+      // The chat stream broke (the client left, or the injected request failed).
+      if (raw.destroyed) return;
+      this.s.logger.warn({ err }, 'responses: chat stream failed');
+      const failed = t.fail({ code: 'server_error', message: 'The response stream failed.' });
+      send(failed.events);
+      final = failed.response;
+    }
+    if (raw.destroyed) return;
+    if (final === null) {
+      const done = t.end();
+      send(done.events);
+      final = done.response;
+    }
+    raw.end();
+    await this.finish(key, endpoint, r, history, final).catch((err: unknown) => {
+      this.s.logger.error({ err }, 'responses: storing a streamed response failed');
+    });
+  }
+
+  /** Stores the response (when asked) and emits its event, in one transaction. */
+  private async finish(
+    key: KeyRecord,
+    endpoint: Endpoint,
+    r: ResponsesRequest,
+    history: Json[],
+    response: Json,
+  ): Promise<void> {
+    const now = new Date(this.s.clock.now());
+    const status = String(response.status);
+    const output = response.output as Json[];
+    const stored = r.items.map(storedItem) as Item[];
+    await this.s.store.db.transaction(async (tx) => {
+      if (r.conversationId !== null && status !== 'failed') {
+        // The turn joins the conversation: what was said, then what the model answered.
+        await this.conversations.append(
+          key.projectId,
+          r.conversationId,
+          [...stored, ...(output as Item[])],
+          tx,
+        );
+      }
+      if (r.store && status !== 'failed') {
+        await tx.insert(responses).values({
+          id: String(response.id),
+          projectId: key.projectId,
+          endpointId: endpoint.id,
+          body: response,
+          inputItems: stored,
+          messages: [...history, ...toChatMessages(r.items), ...outputMessages(output)],
+          createdAt: now,
+        });
+      }
+      await emitEvent(tx, {
+        projectId: key.projectId,
+        type: status === 'failed' ? 'response.failed' : 'response.completed',
+        data: {
+          id: response.id,
+          object: 'response',
+          status,
+          model: response.model,
+          endpoint_id: endpoint.id,
+          usage: response.usage,
+          error: response.error,
+        },
+        now,
+      });
+    });
+  }
+
+  retrieve = async (request: FastifyRequest<{ Params: Params }>) => {
+    const { key } = await this.access(request);
+    const id = request.params.responseId!;
+    const row = await this.stored(key, id);
+    if (!row) throw this.notFound(id);
+    return row.body;
+  };
+
+  remove = async (request: FastifyRequest<{ Params: Params }>) => {
+    const { key } = await this.access(request);
+    const id = request.params.responseId!;
+    const row = await this.stored(key, id);
+    if (!row) throw this.notFound(id);
+    await this.s.store.db.delete(responses).where(eq(responses.id, row.id));
+    return { id: row.id, object: 'response', deleted: true };
+  };
+
+  inputItems = async (
+    request: FastifyRequest<{
+      Params: Params;
+      Querystring: { limit?: string; order?: string; after?: string };
+    }>,
+  ) => {
+    const { key } = await this.access(request);
+    const id = request.params.responseId!;
+    const row = await this.stored(key, id);
+    if (!row) throw this.notFound(id);
+    const q = request.query;
+    const limit = q.limit === undefined ? 20 : Number(q.limit);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+      throw new ServiceError('invalid_value', {
+        message: 'limit must be an integer from 1 to 100.',
+        param: 'limit',
+      });
+    }
+    const order = q.order ?? 'desc';
+    if (order !== 'asc' && order !== 'desc') {
+      throw new ServiceError('invalid_value', {
+        message: "order must be 'asc' or 'desc'.",
+        param: 'order',
+      });
+    }
+    let items = order === 'asc' ? [...row.inputItems] : [...row.inputItems].reverse();
+    if (q.after !== undefined) {
+      const i = items.findIndex((it) => it.id === q.after);
+      if (i < 0) {
+        throw new ServiceError('invalid_value', {
+          message: `No input item '${q.after}' in this response.`,
+          param: 'after',
+        });
+      }
+      items = items.slice(i + 1);
+    }
+    const page = items.slice(0, limit);
+    return {
+      object: 'list',
+      data: page,
+      first_id: (page[0]?.id as string | undefined) ?? null,
+      last_id: (page[page.length - 1]?.id as string | undefined) ?? null,
+      has_more: items.length > limit,
+    };
+  };
+}
+
+export function responsesRoutes(s: Services): FastifyPluginAsync {
+  return async (app: FastifyInstance) => {
+    // The root instance: `inject` must reach the chat route registered beside this plugin.
+    const api = new ResponsesApi(
+      s,
+      app,
+      new ConversationService(s.store.db, s.clock, () => s.dispatcher.poke()),
+    );
+    deferJsonErrors(app);
+    const base = '/:projectId/:endpointSlug/v1/responses';
+    app.post(base, api.create);
+    app.get(`${base}/:responseId`, api.retrieve);
+    app.delete(`${base}/:responseId`, api.remove);
+    app.get(`${base}/:responseId/input_items`, api.inputItems);
+  };
+}

@@ -1,0 +1,180 @@
+/**
+ * The Conversations API with the official OpenAI SDK, and responses made in a
+ * conversation: the history goes to the worker, the turn joins the conversation.
+ */
+import assert from 'node:assert/strict';
+import { after, before, beforeEach, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import { tables } from '../../src/store/index.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { seedProject } from '../support/harness.js';
+
+describe('Conversations API', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture();
+  });
+  after(() => f.close());
+  // The shared management limit is 60 a minute: each test starts a new minute.
+  beforeEach(() => f.server.clock.advance(61_000));
+
+  it('creates, reads, updates and deletes a conversation with its items', async () => {
+    const conv = await f.client.conversations.create({
+      metadata: { topic: 'demo' },
+      items: [
+        { type: 'message', role: 'user', content: 'Hello!' },
+        { role: 'assistant', content: 'Hi, how can I help?' },
+      ],
+    });
+    assert.match(conv.id, /^conv_[0-9a-f]{48}$/);
+    assert.equal(conv.object, 'conversation');
+    assert.deepEqual(conv.metadata, { topic: 'demo' });
+    assert.deepEqual(await f.client.conversations.retrieve(conv.id), conv);
+
+    const listed = await f.client.conversations.items.list(conv.id, { order: 'asc' });
+    assert.equal(listed.data.length, 2);
+    const [first, second] = listed.data as Array<{
+      id: string;
+      type: string;
+      role: string;
+      content: Array<{ type: string; text: string }>;
+    }>;
+    assert.equal(first!.type, 'message');
+    assert.equal(first!.role, 'user');
+    assert.deepEqual(first!.content, [{ type: 'input_text', text: 'Hello!' }]);
+    assert.deepEqual(second!.content, [{ type: 'output_text', text: 'Hi, how can I help?' }]);
+    const desc = await f.client.conversations.items.list(conv.id);
+    assert.deepEqual(
+      desc.data.map((i) => (i as { id: string }).id),
+      [second!.id, first!.id],
+    );
+
+    const added = await f.client.conversations.items.create(conv.id, {
+      items: [{ type: 'message', role: 'user', content: 'One more.' }],
+    });
+    assert.equal(added.data.length, 1);
+    const addedId = (added.data[0] as { id: string }).id;
+    const got = await f.client.conversations.items.retrieve(addedId, {
+      conversation_id: conv.id,
+    });
+    assert.equal((got as { id: string }).id, addedId);
+    // Paging with `after`.
+    const page = await f.client.conversations.items.list(conv.id, {
+      order: 'asc',
+      limit: 2,
+      after: first!.id,
+    });
+    assert.deepEqual(
+      page.data.map((i) => (i as { id: string }).id),
+      [second!.id, addedId],
+    );
+
+    const updated = await f.client.conversations.update(conv.id, { metadata: { topic: 'x' } });
+    assert.deepEqual(updated.metadata, { topic: 'x' });
+    const afterDelete = await f.client.conversations.items.delete(addedId, {
+      conversation_id: conv.id,
+    });
+    assert.equal(afterDelete.id, conv.id);
+    assert.equal((await f.client.conversations.items.list(conv.id)).data.length, 2);
+
+    const deleted = await f.client.conversations.delete(conv.id);
+    assert.deepEqual(deleted, { id: conv.id, object: 'conversation.deleted', deleted: true });
+    const gone = await f.client.conversations.retrieve(conv.id).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    assert.ok(gone instanceof OpenAI.NotFoundError);
+    assert.equal((gone as { code: string }).code, 'conversation_not_found');
+
+    const events = await f.server.services.store.db.select().from(tables.events);
+    const types = events.map((e) => e.type);
+    assert.ok(types.includes('conversation.created'));
+    assert.ok(types.includes('conversation.deleted'));
+  });
+
+  it('rejects bad bodies naming the field', async () => {
+    const bad: Array<[unknown, string, string]> = [
+      [{ items: [{ role: 'robot', content: 'x' }] }, 'invalid_value', 'items[0].role'],
+      [{ items: [{ type: 'web_search_call' }] }, 'unsupported_value', 'items[0].type'],
+      [
+        { items: Array.from({ length: 21 }, () => ({ role: 'user', content: 'x' })) },
+        'invalid_body',
+        'items',
+      ],
+      [{ metadata: { k: 'v'.repeat(513) } }, 'invalid_body', 'metadata.k'],
+    ];
+    for (const [body, code, param] of bad) {
+      const err = await f.client.conversations.create(body as never).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      assert.ok(err instanceof OpenAI.BadRequestError, JSON.stringify(body).slice(0, 80));
+      assert.equal(err.code, code, JSON.stringify(body).slice(0, 80));
+      assert.equal(err.param, param);
+    }
+  });
+
+  it('another project sees none of it', async () => {
+    const conv = await f.client.conversations.create({});
+    const other = await seedProject(f.server, { slug: 'elsewhere' });
+    const theirs = new OpenAI({
+      baseURL: `${f.server.url}/${other.projectId}/main/v1`,
+      apiKey: other.key,
+      maxRetries: 0,
+    });
+    const err = await theirs.conversations.retrieve(conv.id).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof OpenAI.NotFoundError);
+  });
+
+  it('responses in a conversation: the history reaches the worker, each turn is added', async () => {
+    const conv = await f.client.conversations.create({
+      items: [{ role: 'user', content: 'My name is Ada.' }],
+    });
+    const r1 = await f.client.responses.create({
+      model: 'x',
+      conversation: conv.id,
+      input: 'What is my name?',
+      max_output_tokens: 16,
+    });
+    assert.deepEqual((r1 as unknown as { conversation: unknown }).conversation, { id: conv.id });
+    const items = await f.client.conversations.items.list(conv.id, { order: 'asc' });
+    const kinds = items.data.map((i) => {
+      const it = i as { type: string; role?: string };
+      return `${it.type}:${it.role ?? ''}`;
+    });
+    assert.deepEqual(kinds, ['message:user', 'message:user', 'message:assistant']);
+    const answer = items.data[2] as { id: string; content: Array<{ text: string }> };
+    assert.equal(answer.id, r1.output[0]!.id);
+    assert.equal(answer.content[0]!.text, r1.output_text);
+
+    // The second turn's prompt holds the whole conversation: more input tokens.
+    const r2 = await f.client.responses.create({
+      model: 'x',
+      conversation: { id: conv.id },
+      input: 'And again?',
+      max_output_tokens: 16,
+    });
+    assert.ok(r2.usage!.input_tokens > r1.usage!.input_tokens + r1.usage!.output_tokens - 1);
+    assert.equal((await f.client.conversations.items.list(conv.id)).data.length, 5);
+
+    const both = await f.client.responses
+      .create({ model: 'x', conversation: conv.id, previous_response_id: r1.id, input: 'x' })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(both instanceof OpenAI.BadRequestError);
+    assert.equal(both.param, 'conversation');
+    const unknown = await f.client.responses
+      .create({ model: 'x', conversation: 'conv_nope', input: 'x' })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(unknown instanceof OpenAI.BadRequestError);
+    assert.equal(unknown.param, 'conversation');
+  });
+});
