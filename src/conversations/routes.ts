@@ -11,8 +11,7 @@
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { projectOf, surfaceAccess } from '../files/access.js';
-import { parseBody } from '../http/validate.js';
-import { ServiceError } from '../errors/index.js';
+import { listQuery, parseBody } from '../http/validate.js';
 import { parseInputItem, storedItem } from '../responses/request.js';
 import type { Services } from '../runtime/services.js';
 import { ConversationService, notFound, type Item } from './service.js';
@@ -35,24 +34,6 @@ const itemsBody = z.object({ items: z.array(z.unknown()).min(1).max(MAX_ITEMS_PE
 
 function items(raw: readonly unknown[] | null | undefined): Item[] {
   return (raw ?? []).map((v, i) => storedItem(parseInputItem(v, ['items', i])) as Item);
-}
-
-function listQuery(q: { limit?: string; order?: string; after?: string }) {
-  const limit = q.limit === undefined ? 20 : Number(q.limit);
-  if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
-    throw new ServiceError('invalid_value', {
-      message: 'limit must be an integer from 1 to 100.',
-      param: 'limit',
-    });
-  }
-  const order = q.order ?? 'desc';
-  if (order !== 'asc' && order !== 'desc') {
-    throw new ServiceError('invalid_value', {
-      message: "order must be 'asc' or 'desc'.",
-      param: 'order',
-    });
-  }
-  return { limit, order: order as 'asc' | 'desc', after: q.after };
 }
 
 type P = { conversationId: string; itemId: string };

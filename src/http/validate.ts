@@ -42,3 +42,30 @@ export function parseBody<S extends z.ZodType>(
   if (!r.success) throw issueToError(r.error.issues[0]!, code);
   return r.data;
 }
+
+/**
+ * OpenAI's list query (`limit` 1–100, default 20; `order` `asc` or `desc`, default
+ * `desc`; `after`, a cursor the caller resolves), as the Responses and Conversations
+ * item lists take it.
+ */
+export function listQuery(q: { limit?: string; order?: string; after?: string }): {
+  limit: number;
+  order: 'asc' | 'desc';
+  after: string | undefined;
+} {
+  const limit = q.limit === undefined ? 20 : Number(q.limit);
+  if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+    throw new ServiceError('invalid_value', {
+      message: 'limit must be an integer from 1 to 100.',
+      param: 'limit',
+    });
+  }
+  const order = q.order ?? 'desc';
+  if (order !== 'asc' && order !== 'desc') {
+    throw new ServiceError('invalid_value', {
+      message: "order must be 'asc' or 'desc'.",
+      param: 'order',
+    });
+  }
+  return { limit, order, after: q.after };
+}

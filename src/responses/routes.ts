@@ -38,6 +38,7 @@ import {
   internalKeyCredential,
 } from '../http/internal-key.js';
 import { decoded, deferJsonErrors } from '../http/json-body.js';
+import { listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
@@ -404,27 +405,13 @@ class ResponsesApi {
     const id = request.params.responseId!;
     const row = await this.stored(key, id);
     if (!row) throw this.notFound(id);
-    const q = request.query;
-    const limit = q.limit === undefined ? 20 : Number(q.limit);
-    if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
-      throw new ServiceError('invalid_value', {
-        message: 'limit must be an integer from 1 to 100.',
-        param: 'limit',
-      });
-    }
-    const order = q.order ?? 'desc';
-    if (order !== 'asc' && order !== 'desc') {
-      throw new ServiceError('invalid_value', {
-        message: "order must be 'asc' or 'desc'.",
-        param: 'order',
-      });
-    }
+    const { limit, order, after } = listQuery(request.query);
     let items = order === 'asc' ? [...row.inputItems] : [...row.inputItems].reverse();
-    if (q.after !== undefined) {
-      const i = items.findIndex((it) => it.id === q.after);
+    if (after !== undefined) {
+      const i = items.findIndex((it) => it.id === after);
       if (i < 0) {
         throw new ServiceError('invalid_value', {
-          message: `No input item '${q.after}' in this response.`,
+          message: `No input item '${after}' in this response.`,
           param: 'after',
         });
       }

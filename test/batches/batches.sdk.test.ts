@@ -11,19 +11,9 @@ import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { apiError, inferenceFixture, type InferenceFixture } from '../support/inference.js';
 import { validateCompletion } from '../support/openai-schemas.js';
 import { chatLine, readLines, uploadBatchInput, waitForStatus } from './support.js';
-
-async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  try {
-    await p;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err;
-    throw err;
-  }
-  assert.fail('expected an API error');
-}
 
 describe('batches with the OpenAI SDK', () => {
   let f: InferenceFixture;

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import OpenAI, { toFile } from 'openai';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { apiError, inferenceFixture, type InferenceFixture } from '../support/inference.js';
 
 const line = (id: string, url = '/v1/chat/completions') =>
   JSON.stringify({
@@ -17,16 +17,6 @@ const line = (id: string, url = '/v1/chat/completions') =>
     url,
     body: { model: 'm', messages: [{ role: 'user', content: `hi ${id}` }] },
   });
-
-async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  try {
-    await p;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err;
-    throw err;
-  }
-  assert.fail('expected an API error');
-}
 
 describe('files with the OpenAI SDK', () => {
   let f: InferenceFixture;

@@ -7,19 +7,8 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, beforeEach, describe, it } from 'node:test';
-import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-
-async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
-  try {
-    await p;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err;
-    throw err;
-  }
-  assert.fail('expected an API error');
-}
+import { apiError, inferenceFixture, type InferenceFixture } from '../support/inference.js';
 
 describe('uploads with the OpenAI SDK', () => {
   let f: InferenceFixture;

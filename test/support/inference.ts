@@ -130,3 +130,14 @@ export async function until(cond: () => boolean, what: string, max = 2000): Prom
   }
   throw new Error(`timed out waiting for ${what}`);
 }
+
+/** The API error a call fails with (any other outcome fails the test). */
+export async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof OpenAI.APIError>> {
+  try {
+    await p;
+  } catch (err) {
+    if (err instanceof OpenAI.APIError) return err;
+    throw err;
+  }
+  assert.fail('expected an API error');
+}
