@@ -33,7 +33,7 @@ import { tooManyRequests } from '../http/limits.js';
 import {
   admitWorker,
   deadlineMessage,
-  mapTransport,
+  failedRequest,
   retryAfter,
   SATURATED,
   upstreamFailure,
@@ -250,17 +250,9 @@ class Pooling {
       reply.header('X-Service-Worker-ID', lease.worker.id);
       reply.type('application/json').send(JSON.stringify(out.response));
     } catch (err) {
-      if (deadline.timedOut) {
-        outcome = 'timeout';
-        throw new ServiceError('request_timeout', { message: deadlineMessage(tier) });
-      }
-      if (abort.signal.aborted) {
-        outcome = 'cancelled';
-        reply.hijack();
-        reply.raw.destroy();
-        return;
-      }
-      throw mapTransport(err);
+      const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
+      outcome = end.outcome;
+      if (end.error) throw end.error;
     } finally {
       deadline.clear();
       reply.raw.off('close', onClose);

@@ -123,3 +123,27 @@ export function retryAfter(headers: IncomingHttpHeaders, now: number): number {
   const at = Date.parse(v);
   return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - now) / 1000));
 }
+
+/**
+ * How a non-streamed request that threw ends: past the deadline, 408
+ * `request_timeout`; a client that went away gets nothing (the reply is dropped);
+ * anything else is the transport's error. `error` is what to throw, null for none.
+ */
+export function failedRequest(
+  err: unknown,
+  d: { deadline: { timedOut: unknown }; aborted: boolean; reply: FastifyReply; tier: Tier },
+): { outcome: 'timeout' | 'cancelled' | 'error'; error: ServiceError | null } {
+  if (d.deadline.timedOut) {
+    return {
+      outcome: 'timeout',
+      error: new ServiceError('request_timeout', { message: deadlineMessage(d.tier) }),
+    };
+  }
+  if (d.aborted) {
+    // The client went away: nobody to answer.
+    d.reply.hijack();
+    d.reply.raw.destroy();
+    return { outcome: 'cancelled', error: null };
+  }
+  return { outcome: 'error', error: mapTransport(err) };
+}

@@ -58,6 +58,7 @@ import {
 import {
   admitWorker,
   deadlineMessage,
+  failedRequest,
   mapTransport,
   retryAfter,
   SATURATED,
@@ -434,18 +435,9 @@ export class ChatCompletions {
       if (run.clampHeader) reply.header(CLAMP_HEADER, run.clampHeader);
       reply.type('application/json').send(JSON.stringify(completion));
     } catch (err) {
-      if (deadline.timedOut) {
-        outcome = 'timeout';
-        throw new ServiceError('request_timeout', { message: deadlineMessage(tier) });
-      }
-      if (abort.signal.aborted) {
-        // The client went away: nobody to answer.
-        outcome = 'cancelled';
-        reply.hijack();
-        reply.raw.destroy();
-        return;
-      }
-      throw mapTransport(err);
+      const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
+      outcome = end.outcome;
+      if (end.error) throw end.error;
     } finally {
       deadline.clear();
       reply.raw.off('close', onClose);
