@@ -426,12 +426,12 @@ export class BatchRunner {
         expired = rows.length;
       }
       const resultFile = async (status: 'completed' | 'failed', name: string) => {
-        const [any] = await tx
+        const [first] = await tx
           .select({ idx: R.idx })
           .from(R)
           .where(and(eq(R.batchId, b.id), eq(R.status, status)))
           .limit(1);
-        if (!any) return null;
+        if (!first) return null;
         const fileId = newFileId();
         await tx.insert(F).values({
           id: fileId,

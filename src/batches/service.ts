@@ -30,7 +30,7 @@ import {
   readChunks,
   type FileService,
 } from '../files/index.js';
-import { parseBody } from '../http/validate.js';
+import { listPage, parseBody } from '../http/validate.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
@@ -203,14 +203,7 @@ export class BatchService {
       .where(and(...where))
       .orderBy(desc(B.seq))
       .limit(q.limit + 1);
-    const data = rows.slice(0, q.limit).map(publicBatch);
-    return {
-      object: 'list' as const,
-      data,
-      first_id: data[0]?.id ?? null,
-      last_id: data[data.length - 1]?.id ?? null,
-      has_more: rows.length > q.limit,
-    };
+    return listPage(rows.map(publicBatch), q.limit);
   }
 
   async cancel(key: KeyRecord, id: string): Promise<BatchObject> {

@@ -11,7 +11,7 @@
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { projectOf, surfaceAccess } from '../files/access.js';
-import { listQuery, parseBody } from '../http/validate.js';
+import { listPage, listQuery, parseBody } from '../http/validate.js';
 import { parseInputItem, storedItem } from '../responses/request.js';
 import type { Services } from '../runtime/services.js';
 import { ConversationService, notFound, type Item } from './service.js';
@@ -70,13 +70,7 @@ export function conversationRoutes(s: Services): FastifyPluginAsync {
       app.post(`${base}/:conversationId/items`, async (r) => {
         const body = parseBody(itemsBody, r.body);
         const added = await svc.append(projectOf(r), id(r), items(body.items));
-        return {
-          object: 'list',
-          data: added,
-          first_id: added[0]?.id ?? null,
-          last_id: added[added.length - 1]?.id ?? null,
-          has_more: false,
-        };
+        return listPage(added, added.length);
       });
       app.get(`${base}/:conversationId/items/:itemId`, async (r) =>
         svc.item(projectOf(r), id(r), (r.params as P).itemId),

@@ -8,6 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import { and, asc, desc, eq, gt, isNull, lt } from 'drizzle-orm';
 import { ServiceError } from '../errors/index.js';
+import { listPage } from '../http/validate.js';
 import { emitEvent, type Tx } from '../events/outbox.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
@@ -201,14 +202,10 @@ export class ConversationService {
       )
       .orderBy(asc_ ? asc(conversationItems.seq) : desc(conversationItems.seq))
       .limit(q.limit + 1);
-    const data = rows.slice(0, q.limit).map((r) => r.item as Item);
-    return {
-      object: 'list' as const,
-      data,
-      first_id: data[0]?.id ?? null,
-      last_id: data[data.length - 1]?.id ?? null,
-      has_more: rows.length > q.limit,
-    };
+    return listPage(
+      rows.map((r) => r.item as Item),
+      q.limit,
+    );
   }
 
   async item(projectId: string, id: string, itemId: string): Promise<Item> {

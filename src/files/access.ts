@@ -11,7 +11,7 @@
 import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
-import { requireKey } from '../http/auth.js';
+import { keyEndpoint, requireKey } from '../http/auth.js';
 import type { Services } from '../runtime/services.js';
 
 declare module 'fastify' {
@@ -28,16 +28,7 @@ export function surfaceAccess(s: Services): preParsingAsyncHookHandler[] {
       const { endpointSlug } = request.params as { endpointSlug?: string };
       const key = request.apiKey!;
       if (endpointSlug !== undefined) {
-        const e = await s.resolveEndpoint(key.projectId, endpointSlug);
-        if (!e) {
-          throw new ServiceError('endpoint_not_found', {
-            message: `No endpoint '${endpointSlug}' in this project.`,
-          });
-        }
-        if (key.endpointId !== null && key.endpointId !== e.id) {
-          throw new ServiceError('endpoint_restricted');
-        }
-        request.surfaceEndpoint = e;
+        request.surfaceEndpoint = await keyEndpoint(s.resolveEndpoint, key, endpointSlug);
       } else if (key.endpointId !== null) {
         throw new ServiceError('endpoint_restricted', {
           message: "A key bound to an endpoint uses this API only under that endpoint's path.",

@@ -15,7 +15,7 @@ import { and, asc, desc, eq, gt, lt, type SQL } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { emitEvent } from '../events/outbox.js';
-import { parseBody } from '../http/validate.js';
+import { listPage, parseBody } from '../http/validate.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -207,14 +207,7 @@ export class FileService {
       .where(and(...where))
       .orderBy(q.order === 'asc' ? asc(F.seq) : desc(F.seq))
       .limit(q.limit + 1);
-    const data = rows.slice(0, q.limit).map(publicFile);
-    return {
-      object: 'list' as const,
-      data,
-      first_id: data[0]?.id ?? null,
-      last_id: data[data.length - 1]?.id ?? null,
-      has_more: rows.length > q.limit,
-    };
+    return listPage(rows.map(publicFile), q.limit);
   }
 
   async remove(

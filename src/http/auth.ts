@@ -7,6 +7,7 @@
  * socket's, or X-Forwarded-For from SWITCHYARD_TRUSTED_PROXIES only.
  */
 import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
+import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { internalKeyOf } from './internal-key.js';
 import {
@@ -85,4 +86,25 @@ export function requireKey(verifier: KeyVerifier, scope: Scope | null): preParsi
     const { projectId } = request.params as { projectId: string };
     await authenticateKey(verifier, request, projectId, scope);
   };
+}
+
+/**
+ * The path's endpoint for a key: 404 `endpoint_not_found` when the project has none
+ * by that slug, 403 `endpoint_restricted` when the key is bound to another one.
+ */
+export async function keyEndpoint(
+  resolve: (projectId: string, slug: string) => Promise<Endpoint | null> | Endpoint | null,
+  key: KeyRecord,
+  slug: string,
+): Promise<Endpoint> {
+  const e = await resolve(key.projectId, slug);
+  if (!e) {
+    throw new ServiceError('endpoint_not_found', {
+      message: `No endpoint '${slug}' in this project.`,
+    });
+  }
+  if (key.endpointId !== null && key.endpointId !== e.id) {
+    throw new ServiceError('endpoint_restricted');
+  }
+  return e;
 }

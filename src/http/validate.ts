@@ -69,3 +69,27 @@ export function listQuery(q: { limit?: string; order?: string; after?: string })
   }
   return { limit, order, after: q.after };
 }
+
+/**
+ * OpenAI's cursor-page envelope over items fetched with one more than `limit` (that
+ * one says whether there is more): `{object: "list", data, first_id, last_id, has_more}`.
+ */
+export function listPage<T extends { id?: unknown }>(
+  fetched: readonly T[],
+  limit: number,
+): {
+  object: 'list';
+  data: T[];
+  first_id: string | null;
+  last_id: string | null;
+  has_more: boolean;
+} {
+  const data = fetched.slice(0, limit);
+  return {
+    object: 'list',
+    data,
+    first_id: (data[0]?.id as string | undefined) ?? null,
+    last_id: (data[data.length - 1]?.id as string | undefined) ?? null,
+    has_more: fetched.length > limit,
+  };
+}

@@ -14,7 +14,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
-import { authenticateKey } from '../http/auth.js';
+import { authenticateKey, keyEndpoint } from '../http/auth.js';
 import { attachInternalCall } from '../http/internal-key.js';
 import { decoded } from '../http/json-body.js';
 import type { Limits } from '../http/limits.js';
@@ -50,15 +50,7 @@ export async function resolveTarget(
   attachInternalCall(request, reply.raw);
   // A body that did not decode answers right after the key (http/json-body.ts).
   const body = decoded(request.body);
-  const endpoint = await d.endpoints(key.projectId, endpointSlug);
-  if (!endpoint) {
-    throw new ServiceError('endpoint_not_found', {
-      message: `No endpoint '${endpointSlug}' in this project.`,
-    });
-  }
-  if (key.endpointId && key.endpointId !== endpoint.id) {
-    throw new ServiceError('endpoint_restricted');
-  }
+  const endpoint = await keyEndpoint(d.endpoints, key, endpointSlug);
   if (endpoint.status === 'suspended') throw new ServiceError('endpoint_suspended');
   if (endpoint.status !== 'active') {
     throw new ServiceError('unavailable', {

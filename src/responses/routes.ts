@@ -30,7 +30,7 @@ import { ConversationService, type Item } from '../conversations/service.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { emitEvent } from '../events/outbox.js';
-import { authenticateKey } from '../http/auth.js';
+import { authenticateKey, keyEndpoint } from '../http/auth.js';
 import {
   INTERNAL_CALL_HEADER,
   INTERNAL_KEY_HEADER,
@@ -38,7 +38,7 @@ import {
   internalKeyCredential,
 } from '../http/internal-key.js';
 import { decoded, deferJsonErrors } from '../http/json-body.js';
-import { listQuery } from '../http/validate.js';
+import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
@@ -130,15 +130,7 @@ class ResponsesApi {
   ): Promise<{ key: KeyRecord; endpoint: Endpoint }> {
     const { projectId, endpointSlug } = request.params;
     const key = await authenticateKey(this.s.verifier, request, projectId, 'inference');
-    const endpoint = await this.s.resolveEndpoint(key.projectId, endpointSlug);
-    if (!endpoint) {
-      throw new ServiceError('endpoint_not_found', {
-        message: `No endpoint '${endpointSlug}' in this project.`,
-      });
-    }
-    if (key.endpointId && key.endpointId !== endpoint.id) {
-      throw new ServiceError('endpoint_restricted');
-    }
+    const endpoint = await keyEndpoint(this.s.resolveEndpoint, key, endpointSlug);
     return { key, endpoint };
   }
 
@@ -417,14 +409,7 @@ class ResponsesApi {
       }
       items = items.slice(i + 1);
     }
-    const page = items.slice(0, limit);
-    return {
-      object: 'list',
-      data: page,
-      first_id: (page[0]?.id as string | undefined) ?? null,
-      last_id: (page[page.length - 1]?.id as string | undefined) ?? null,
-      has_more: items.length > limit,
-    };
+    return listPage(items, limit);
   };
 }
 

@@ -6,8 +6,7 @@
  * endpoint's SLOs, and gets 403 `endpoint_restricted` on another's path.
  */
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
-import { ServiceError } from '../errors/index.js';
-import { requireKey } from '../http/auth.js';
+import { keyEndpoint, requireKey } from '../http/auth.js';
 import type { Services } from '../runtime/services.js';
 import type { SloScope } from './service.js';
 
@@ -33,16 +32,7 @@ export function sloRoutes(s: Services): FastifyPluginAsync {
       const key = request.apiKey!;
       let endpointId = key.endpointId;
       if (endpointSlug !== undefined) {
-        const e = await s.resolveEndpoint(key.projectId, endpointSlug);
-        if (!e) {
-          throw new ServiceError('endpoint_not_found', {
-            message: `No endpoint '${endpointSlug}' in this project.`,
-          });
-        }
-        if (key.endpointId !== null && key.endpointId !== e.id) {
-          throw new ServiceError('endpoint_restricted');
-        }
-        endpointId = e.id;
+        endpointId = (await keyEndpoint(s.resolveEndpoint, key, endpointSlug)).id;
       }
       request.sloScope = { projectId: key.projectId, endpointId };
       await s.limits.management(key.projectId, reply);

@@ -10,7 +10,7 @@
  */
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
-import { requireKey } from '../http/auth.js';
+import { keyEndpoint, requireKey } from '../http/auth.js';
 import type { Services } from '../runtime/services.js';
 
 interface Params {
@@ -29,15 +29,7 @@ export function webhookRoutes(s: Services): FastifyPluginAsync {
       const { endpointSlug } = request.params as Params;
       const key = request.apiKey!;
       if (endpointSlug !== undefined) {
-        const e = await s.resolveEndpoint(key.projectId, endpointSlug);
-        if (!e) {
-          throw new ServiceError('endpoint_not_found', {
-            message: `No endpoint '${endpointSlug}' in this project.`,
-          });
-        }
-        if (key.endpointId !== null && key.endpointId !== e.id) {
-          throw new ServiceError('endpoint_restricted');
-        }
+        await keyEndpoint(s.resolveEndpoint, key, endpointSlug);
       } else if (key.endpointId !== null) {
         throw new ServiceError('endpoint_restricted', {
           message:

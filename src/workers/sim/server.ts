@@ -160,6 +160,27 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
     return mode;
   };
 
+  /**
+   * Answers an injected `status` or `reset` failure before the request runs; true if
+   * it did (the request is over). `die-after-tokens` is left to the caller.
+   */
+  const failedBeforeRun = (
+    fail: FailMode | null,
+    req: IncomingMessage,
+    res: ServerResponse,
+  ): boolean => {
+    if (fail?.kind === 'status') {
+      const status = fail.status ?? 500;
+      sendError(res, simError(style, status, `sim: injected failure (status ${status})`));
+      return true;
+    }
+    if (fail?.kind === 'reset') {
+      req.socket.resetAndDestroy();
+      return true;
+    }
+    return false;
+  };
+
   const modelsBody = () => ({
     object: 'list',
     data: [
@@ -287,15 +308,7 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
       return;
     }
     const fail = takeFailMode();
-    if (fail?.kind === 'status') {
-      const status = fail.status ?? 500;
-      sendError(res, simError(style, status, `sim: injected failure (status ${status})`));
-      return;
-    }
-    if (fail?.kind === 'reset') {
-      req.socket.resetAndDestroy();
-      return;
-    }
+    if (failedBeforeRun(fail, req, res)) return;
     if (fail?.kind === 'die-after-tokens') {
       res.socket?.end();
       return;
@@ -327,15 +340,7 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
       return;
     }
     const fail = takeFailMode();
-    if (fail?.kind === 'status') {
-      const status = fail.status ?? 500;
-      sendError(res, simError(style, status, `sim: injected failure (status ${status})`));
-      return;
-    }
-    if (fail?.kind === 'reset') {
-      req.socket.resetAndDestroy();
-      return;
-    }
+    if (failedBeforeRun(fail, req, res)) return;
     const prep = engine.prepare(parsed.request);
     if (!prep.ok) {
       sendError(res, prep.error);
