@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, it } from 'node:test';
 import { FakeClock } from './clock.js';
@@ -15,6 +17,7 @@ function rig(trimWorks = true) {
   const trims: Array<[number, number]> = [];
   let calls = 0;
   let collections = 0;
+  let tunes = 0;
   const trimmer = new MemoryTrimmer({
     clock,
     logger: quietLogger,
@@ -31,9 +34,21 @@ function rig(trimWorks = true) {
       if (trimWorks) now.sample = { ...now.sample, rss: now.sample.rss - 20 * MiB };
       return trimWorks;
     },
+    tune: async () => {
+      tunes++;
+      return true;
+    },
     onTrim: (before, after) => trims.push([before, after]),
   });
-  return { clock, trimmer, trims, now, calls: () => calls, collections: () => collections };
+  return {
+    clock,
+    trimmer,
+    trims,
+    now,
+    calls: () => calls,
+    collections: () => collections,
+    tunes: () => tunes,
+  };
 }
 
 function quiet(rssMiB: number): MemorySample {
@@ -138,6 +153,7 @@ describe('MemoryTrimmer', () => {
   it('runs on its clock, and stops for good where trimming is not available', async () => {
     const r = rig(false);
     r.trimmer.start();
+    assert.equal(r.tunes(), 1); // the thresholds are set once, at start
     r.clock.advance(4999);
     assert.equal(r.calls(), 0);
     r.clock.advance(1);
@@ -156,6 +172,7 @@ describe('MemoryTrimmer', () => {
       logger: quietLogger,
       intervalMs: 0,
       trim: async () => assert.fail('trimmed'),
+      tune: async () => assert.fail('tuned'),
     });
     t.start();
     r.clock.advance(60_000);
@@ -232,5 +249,50 @@ describe('MemoryTrimmer', () => {
     assert.equal(r.ok, true);
     // About 160 MiB was freed between live buffers; most of it must go back.
     assert.ok(r.before - r.after > 100 * MiB, `RSS ${r.before / MiB} -> ${r.after / MiB} MiB`);
+  });
+
+  it("fixes glibc's thresholds: a large block keeps its own mapping after a larger one was freed (real glibc)", () => {
+    // glibc raises its mmap threshold to the size of each mapped block that is freed
+    // (and its trim threshold to twice that): after a 24 MiB block comes and goes, a
+    // 2 MiB block is carved from the arena, where free memory at a thread arena's top
+    // stays resident (the module comment). With tuneMalloc the threshold stays 1 MiB,
+    // so the 2 MiB block is mapped on its own; malloc_info counts such blocks.
+    const mod = fileURLToPath(new URL('./memory-trim.ts', import.meta.url));
+    const run = (tune: boolean) => {
+      const script = `
+        import * as ffi from 'ffi-rs';
+        import { readFileSync } from 'node:fs';
+        import { tuneMalloc } from ${JSON.stringify(mod)};
+        const tuned = ${tune} ? await tuneMalloc() : null;
+        ffi.open({ library: 'c', path: 'libc.so.6' });
+        const { External: E, U64, I32, String: S, Void } = ffi.DataType;
+        const c = (funcName, retType, paramsType, paramsValue) =>
+          ffi.load({ library: 'c', funcName, retType, paramsType, paramsValue });
+        c('free', Void, [E], [c('malloc', E, [U64], [24 << 20])]);
+        const block = c('malloc', E, [U64], [2 << 20]);
+        const file = ${JSON.stringify(join(tmpdir(), `switchyard-malloc-info-${process.pid}-`))} + ${tune};
+        const f = c('fopen', E, [S, S], [file, 'w']);
+        c('malloc_info', I32, [I32, E], [0, f]);
+        c('fclose', I32, [E], [f]);
+        const xml = readFileSync(file, 'utf8');
+        const mapped = /<total type="mmap" count="(\\d+)" size="(\\d+)"\\/>\\s*<system type="current"/.exec(xml);
+        console.log(JSON.stringify({ tuned, mappedBlocks: Number(mapped[1]), mappedBytes: Number(mapped[2]) }));
+        c('free', Void, [E], [block]);
+      `;
+      const out = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+        encoding: 'utf8',
+      });
+      assert.equal(out.status, 0, out.stderr);
+      return JSON.parse(out.stdout.trim().split('\n').pop()!) as {
+        tuned: boolean | null;
+        mappedBlocks: number;
+        mappedBytes: number;
+      };
+    };
+    const untuned = run(false);
+    assert.ok(untuned.mappedBytes < 2 << 20, JSON.stringify(untuned)); // glibc's own rule
+    const tuned = run(true);
+    assert.equal(tuned.tuned, true);
+    assert.ok(tuned.mappedBytes >= 2 << 20, JSON.stringify(tuned));
   });
 });

@@ -33,7 +33,19 @@
  * It pauses the event loop, about 10–25 ms for this heap, so it must not land on
  * traffic that resumed at the end of a quiet interval: the loop must stay quiet
  * for `confirmMs` (200 ms) more, else the collection waits for the next tick.
- * SWITCHYARD_MEMORY_TRIM_MS=0 turns the whole thing off.
+ *
+ * `malloc_trim` cannot reach one part: the top chunk of a thread's arena (glibc
+ * trims only the main arena's top; in thread arenas it releases pages of free
+ * chunks in its bins). V8's compiler thread builds its optimised code in zones
+ * that, under load, grew its arena to about 36 MiB; when they were freed they
+ * merged into that arena's top, and whether glibc shrank it on that free depends
+ * on its trim threshold, which it raises (up to 64 MiB) each time a large block
+ * that had its own mapping is freed. In about half of the benchmark's runs the
+ * 30 MiB stayed resident for good (RSS 119 against 93 MiB, docs/BENCHMARKS.md,
+ * "A thread's arena"). So `start` fixes glibc's thresholds (`mallopt`, which
+ * also turns off that raising): a free that leaves more than 4 MiB at an arena's
+ * top gives it back; blocks of 1 MiB and more get their own mapping (returned on
+ * free). SWITCHYARD_MEMORY_TRIM_MS=0 turns the whole thing off, thresholds too.
  */
 import { runInNewContext } from 'node:vm';
 import { setFlagsFromString } from 'node:v8';
@@ -57,6 +69,8 @@ export interface MemoryTrimmerOptions {
   sample?: () => MemorySample;
   /** Releases free memory; resolves false when it cannot here (no glibc). */
   trim?: () => Promise<boolean>;
+  /** Sets the allocator's thresholds once, at start; resolves false when it cannot. */
+  tune?: () => Promise<boolean>;
   /** One full garbage collection of the JavaScript heap (V8's, by default). */
   collect?: () => void;
   /** How long the event loop must stay quiet right before a collection (ms). */
@@ -74,6 +88,7 @@ export class MemoryTrimmer {
   private timer: Timer | null = null;
   private readonly sample: () => MemorySample;
   private readonly trim: () => Promise<boolean>;
+  private readonly tune: () => Promise<boolean>;
   private readonly collect: () => void;
   private readonly confirmMs: number;
   private readonly wait: (ms: number) => Promise<void>;
@@ -90,6 +105,7 @@ export class MemoryTrimmer {
   constructor(private readonly o: MemoryTrimmerOptions) {
     this.sample = o.sample ?? eventLoopSampler();
     this.trim = o.trim ?? mallocTrim;
+    this.tune = o.tune ?? tuneMalloc;
     this.collect = o.collect ?? fullCollection;
     this.confirmMs = o.confirmMs ?? 200;
     this.wait =
@@ -103,6 +119,12 @@ export class MemoryTrimmer {
 
   start(): void {
     if (this.timer || this.o.intervalMs <= 0) return;
+    void this.tune().then(
+      (ok) => {
+        if (!ok) this.o.logger.debug('malloc thresholds: not available here (needs glibc)');
+      },
+      () => undefined,
+    );
     this.sample(); // the first interval starts now
     this.arm();
   }
@@ -186,6 +208,62 @@ export function fullCollection(): void {
   gcFn();
 }
 
+type Ffi = typeof import('ffi-rs');
+
+let libc: Promise<Ffi | null> | undefined;
+
+/**
+ * ffi-rs with the C library opened, loaded once; null where there is no glibc
+ * (musl, macOS) or the binding cannot load.
+ */
+function glibc(): Promise<Ffi | null> {
+  libc ??= (async () => {
+    if (process.platform !== 'linux') return null;
+    try {
+      const ffi = await import('ffi-rs');
+      ffi.open({ library: 'libc', path: 'libc.so.6' });
+      return ffi;
+    } catch {
+      return null;
+    }
+  })();
+  return libc;
+}
+
+// mallopt parameters (malloc.h).
+const M_TRIM_THRESHOLD = -1;
+const M_MMAP_THRESHOLD = -3;
+
+/** glibc's thresholds set by `tuneMalloc` (see the module comment). */
+export const MALLOC_THRESHOLDS = { trim: 4 * 1024 * 1024, mmap: 1024 * 1024 };
+
+/**
+ * Fixes glibc's trim and mmap thresholds (`mallopt`), which also stops glibc from
+ * raising them at run time. Resolves false where there is no glibc or `mallopt`
+ * refused a value.
+ */
+export async function tuneMalloc(thresholds = MALLOC_THRESHOLDS): Promise<boolean> {
+  const ffi = await glibc();
+  if (!ffi) return false;
+  const mallopt = (param: number, value: number) =>
+    ffi.load({
+      library: 'libc',
+      funcName: 'mallopt',
+      retType: ffi.DataType.I32,
+      paramsType: [ffi.DataType.I32, ffi.DataType.I32],
+      paramsValue: [param, value],
+    }) as number;
+  try {
+    // mallopt returns 1 on success, 0 on an invalid value.
+    return (
+      mallopt(M_TRIM_THRESHOLD, thresholds.trim) === 1 &&
+      mallopt(M_MMAP_THRESHOLD, thresholds.mmap) === 1
+    );
+  } catch {
+    return false;
+  }
+}
+
 let trimFn: (() => number) | null | undefined;
 
 /**
@@ -203,19 +281,18 @@ export async function mallocTrim(): Promise<boolean> {
 }
 
 async function loadMallocTrim(): Promise<(() => number) | null> {
-  if (process.platform !== 'linux') return null;
-  // Without glibc (musl) opening libc.so.6 or finding the symbol fails: no trim.
+  const ffi = await glibc();
+  if (!ffi) return null;
+  const trim = () =>
+    ffi.load({
+      library: 'libc',
+      funcName: 'malloc_trim',
+      retType: ffi.DataType.I32,
+      paramsType: [ffi.DataType.U64],
+      paramsValue: [0],
+    }) as number;
+  // Without glibc (musl) finding the symbol fails: no trim.
   try {
-    const ffi = await import('ffi-rs');
-    ffi.open({ library: 'libc', path: 'libc.so.6' });
-    const trim = () =>
-      ffi.load({
-        library: 'libc',
-        funcName: 'malloc_trim',
-        retType: ffi.DataType.I32,
-        paramsType: [ffi.DataType.U64],
-        paramsValue: [0],
-      }) as number;
     trim(); // throws here, not later, where the symbol is missing
     return trim;
   } catch {
