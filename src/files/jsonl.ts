@@ -4,13 +4,16 @@
  *
  * `LineSplitter` cuts a byte stream at `\n` (a UTF-8 multi-byte sequence never
  * contains 0x0a, so cutting bytes is safe) and hands over each line, `\r\n`
- * endings and blank lines allowed. `BatchLineChecker` checks each line against
+ * endings and blank lines allowed; a line that is not valid UTF-8 is handed over as
+ * null (decoding would put U+FFFD in place of its bytes and send changed text to
+ * the model), and the checker refuses it. `BatchLineChecker` checks each line against
  * OpenAI's batch input format: an object `{custom_id, method: "POST", url, body}`
  * with a non-empty `custom_id` unique in the file, a supported `url`, a `body`
  * object (not streamed), and at most `MAX_BATCH_REQUESTS` requests. A violation is
  * 400 `invalid_value` naming the line, `param` the request field that carried the
  * content (`file` for the Files API).
  */
+import { isUtf8 } from 'node:buffer';
 import { ServiceError } from '../errors/index.js';
 
 export const BATCH_URLS = ['/v1/chat/completions', '/v1/embeddings'] as const;
@@ -28,7 +31,8 @@ export class LineSplitter {
   private rest: Buffer[] = [];
   private lineNo = 0;
 
-  constructor(private readonly onLine: (line: string, lineNo: number) => void) {}
+  /** `line` is null when the line's bytes are not valid UTF-8. */
+  constructor(private readonly onLine: (line: string | null, lineNo: number) => void) {}
 
   push(chunk: Buffer): void {
     let start = 0;
@@ -51,7 +55,7 @@ export class LineSplitter {
 
   private emit(bytes: Buffer): void {
     this.lineNo++;
-    this.onLine(bytes.toString('utf8').replace(/\r$/, ''), this.lineNo);
+    this.onLine(isUtf8(bytes) ? bytes.toString('utf8').replace(/\r$/, '') : null, this.lineNo);
   }
 }
 
@@ -72,8 +76,9 @@ export class BatchLineChecker {
     });
   }
 
-  /** The line's request, or null for a blank line; throws on anything else. */
-  check(line: string, lineNo: number): BatchLine | null {
+  /** The line's request, or null for a blank line; throws on anything else (null: not UTF-8). */
+  check(line: string | null, lineNo: number): BatchLine | null {
+    if (line === null) this.fail(lineNo, 'the line is not valid UTF-8.');
     if (line.trim() === '') return null;
     let v: unknown;
     try {

@@ -127,8 +127,19 @@ describe('files with the OpenAI SDK', () => {
     assert.equal(bad.code, 'invalid_value');
     assert.equal(bad.param, 'purpose');
 
-    const cases: [string, RegExp][] = [
+    const cases: [string | Buffer, RegExp][] = [
       ['not json\n', /Line 1.*not valid JSON/],
+      // Invalid UTF-8 inside a string: refused, not decoded to U+FFFD and sent on.
+      [
+        Buffer.concat([
+          Buffer.from(
+            `${line('a')}\n{"custom_id":"b","method":"POST","url":"/v1/embeddings","body":{"input":"`,
+          ),
+          Buffer.from([0xff, 0xc3]),
+          Buffer.from('"}}\n'),
+        ]),
+        /Line 2.*not valid UTF-8/,
+      ],
       [`${line('a')}\n${line('a')}\n`, /Line 2.*not unique/],
       [`${line('a')}\n${line('b', '/v1/images')}\n`, /Line 2.*'url'/],
       [
@@ -146,7 +157,7 @@ describe('files with the OpenAI SDK', () => {
           purpose: 'batch',
         }),
       );
-      assert.equal(err.status, 400, text);
+      assert.equal(err.status, 400, text.toString());
       assert.equal(err.code, 'invalid_value');
       assert.equal(err.param, 'file');
       assert.match(err.message, message);
