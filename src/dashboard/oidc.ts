@@ -40,7 +40,7 @@
  * error causes (which hold the callback parameters, code included), so they
  * can be logged and shown as they are.
  */
-import * as client from 'openid-client';
+import type * as Oidc from 'openid-client';
 import { ConfigError } from '../config/index.js';
 
 export interface IdpConfig {
@@ -89,7 +89,7 @@ export interface IdentityProvidersOptions {
   /** Limit for each request to a provider (s). Someone is waiting on a redirect. */
   timeoutSeconds?: number;
   /** The HTTP client for requests to providers; the global fetch by default. */
-  fetch?: client.CustomFetch;
+  fetch?: Oidc.CustomFetch;
 }
 
 const DEFAULT_SCOPES = ['openid', 'email', 'profile'];
@@ -231,7 +231,7 @@ function reasonOf(err: unknown): string {
  * OpenID default (Discovery §3: assumed when the provider lists no methods),
  * unless the provider lists only `client_secret_post`.
  */
-function clientSecretAuth(secret: string): client.ClientAuth {
+function clientSecretAuth(client: typeof Oidc, secret: string): Oidc.ClientAuth {
   const basic = client.ClientSecretBasic(secret);
   const post = client.ClientSecretPost(secret);
   return (as, c, body, headers) => {
@@ -244,13 +244,23 @@ function clientSecretAuth(secret: string): client.ClientAuth {
   };
 }
 
-function usableAuthMethods(metadata: client.ServerMetadata): boolean {
+function usableAuthMethods(metadata: Oidc.ServerMetadata): boolean {
   const methods = metadata.token_endpoint_auth_methods_supported;
   return (
     methods === undefined ||
     methods.includes('client_secret_basic') ||
     methods.includes('client_secret_post')
   );
+}
+
+/**
+ * openid-client, loaded at the first sign-in: a router without identity providers,
+ * or one nobody signs in to, never holds it (with oauth4webapi, about 1 MiB of heap).
+ */
+let openidClient: Promise<typeof Oidc> | undefined;
+function loadOpenidClient(): Promise<typeof Oidc> {
+  openidClient ??= import('openid-client');
+  return openidClient;
 }
 
 export class IdentityProviders {
@@ -260,10 +270,10 @@ export class IdentityProviders {
    * number of configured providers. A rejected discovery is removed so the
    * next sign-in retries instead of failing until restart.
    */
-  private readonly discovered = new Map<string, Promise<client.Configuration>>();
+  private readonly discovered = new Map<string, Promise<Oidc.Configuration>>();
   private readonly redirectBase: string;
   private readonly timeoutSeconds: number;
-  private readonly fetch: client.CustomFetch;
+  private readonly fetch: Oidc.CustomFetch;
 
   constructor(configs: IdpConfig[], opts: IdentityProvidersOptions) {
     for (const config of configs) {
@@ -308,6 +318,7 @@ export class IdentityProviders {
 
   async begin(name: string): Promise<{ url: string; pending: PendingLogin }> {
     const config = await this.configuration(name);
+    const client = await loadOpenidClient();
     const pending: PendingLogin = {
       state: client.randomState(),
       nonce: client.randomNonce(),
@@ -332,6 +343,7 @@ export class IdentityProviders {
       throw new IdpError('login_refused', `sign-in with "${name}" does not match the login begun`);
     }
     const config = await this.configuration(name);
+    const client = await loadOpenidClient();
     // openid-client sends the callback URL, without its query, as redirect_uri;
     // the token endpoint requires it to equal the one in the authorization
     // request byte for byte. Behind a proxy the URL the routes see may differ
@@ -339,7 +351,7 @@ export class IdentityProviders {
     const current = new URL(this.callbackUrl(name));
     current.search = callbackUrl.search;
 
-    let tokens: client.TokenEndpointResponse & client.TokenEndpointResponseHelpers;
+    let tokens: Oidc.TokenEndpointResponse & Oidc.TokenEndpointResponseHelpers;
     try {
       tokens = await client.authorizationCodeGrant(config, current, {
         expectedState: pending.state,
@@ -348,7 +360,7 @@ export class IdentityProviders {
         idTokenExpected: true,
       });
     } catch (err) {
-      throw this.exchangeError(name, err);
+      throw this.exchangeError(client, name, err);
     }
     const claims = tokens.claims();
     if (!claims || !nonEmptyString(claims.sub) || claims.sub.length > 255) {
@@ -373,7 +385,7 @@ export class IdentityProviders {
     return config;
   }
 
-  private configuration(name: string): Promise<client.Configuration> {
+  private configuration(name: string): Promise<Oidc.Configuration> {
     const idp = this.config(name);
     const cached = this.discovered.get(name);
     if (cached) return cached;
@@ -385,18 +397,19 @@ export class IdentityProviders {
     return pending;
   }
 
-  private async discover(idp: IdpConfig): Promise<client.Configuration> {
+  private async discover(idp: IdpConfig): Promise<Oidc.Configuration> {
+    const client = await loadOpenidClient();
     const issuer = new URL(idp.issuer);
     const execute = [client.enableNonRepudiationChecks];
     // Only ever for loopback issuers, which parseIdps alone lets be http://.
     if (isLoopbackHttp(issuer)) execute.unshift(client.allowInsecureRequests);
-    let config: client.Configuration;
+    let config: Oidc.Configuration;
     try {
       config = await client.discovery(
         issuer,
         idp.clientId,
         undefined,
-        clientSecretAuth(idp.clientSecret),
+        clientSecretAuth(client, idp.clientSecret),
         { execute, timeout: this.timeoutSeconds, [client.customFetch]: this.fetch },
       );
     } catch (err) {
@@ -421,7 +434,7 @@ export class IdentityProviders {
     return config;
   }
 
-  private exchangeError(name: string, err: unknown): IdpError {
+  private exchangeError(client: typeof Oidc, name: string, err: unknown): IdpError {
     if (reachedNetworkFailure(err)) {
       return new IdpError(
         'provider_unreachable',

@@ -217,7 +217,14 @@ export class UpstreamClient {
     if (!p) {
       p = new Pool(origin, {
         connections: this.opts.connections ?? 256,
-        keepAliveTimeout: 30_000,
+        // An idle connection is closed after 10 s, whatever longer keep-alive the
+        // worker offers (undici honours a server's `Keep-Alive: timeout` up to
+        // keepAliveMaxTimeout, 10 min by default): after a burst the pool held every
+        // connection it had opened, up to 256 per worker, for the sim's 60 s, about
+        // 1 MiB of the router's heap plus sockets on both sides (docs/BENCHMARKS.md,
+        // "A thread's arena"). Under steady traffic connections never sit idle that long.
+        keepAliveTimeout: 10_000,
+        keepAliveMaxTimeout: 10_000,
         // Deadlines are the router's (tier deadline, idle timeout); undici's own
         // timers are disabled so they never fire first.
         headersTimeout: 0,
