@@ -279,9 +279,13 @@ describe('MemoryTrimmer', () => {
         console.log(JSON.stringify({ tuned, mappedBlocks: Number(mapped[1]), mappedBytes: Number(mapped[2]) }));
         c('free', Void, [E], [block]);
       `;
-      const out = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
-        encoding: 'utf8',
-      });
+      const out = spawnSync(
+        process.execPath,
+        ['--import', 'tsx', '--input-type=module', '-e', script],
+        {
+          encoding: 'utf8',
+        },
+      );
       assert.equal(out.status, 0, out.stderr);
       return JSON.parse(out.stdout.trim().split('\n').pop()!) as {
         tuned: boolean | null;
