@@ -200,13 +200,11 @@ describe('an embeddings batch with the OpenAI SDK', () => {
     const db = f.server.services.store.db;
     const batchesBefore = (await db.select().from(tables.batches)).length;
     const received = f.worker.stats().received;
-    const err = await apiError(
-      f.client.batches.create({
-        input_file_id: mixed,
-        endpoint: '/v1/embeddings',
-        completion_window: '24h',
-      }),
-    );
+    const create = (fileId: string, endpoint: '/v1/embeddings' | '/v1/chat/completions') =>
+      apiError(
+        f.client.batches.create({ input_file_id: fileId, endpoint, completion_window: '24h' }),
+      );
+    const err = await create(mixed, '/v1/embeddings');
     assert.equal(err.status, 400);
     assert.equal(err.code, 'invalid_value');
     assert.equal(err.param, 'input_file_id');
@@ -220,13 +218,7 @@ describe('an embeddings batch with the OpenAI SDK', () => {
     assert.equal((await db.select().from(tables.batchRequests)).length, 0);
     // Nor is a file of embeddings lines a chat-completions batch.
     const embeddingsOnly = await uploadBatchInput(f, [embeddingsLine('e1', { input: 'x' })]);
-    const wrongWay = await apiError(
-      f.client.batches.create({
-        input_file_id: embeddingsOnly,
-        endpoint: '/v1/chat/completions',
-        completion_window: '24h',
-      }),
-    );
+    const wrongWay = await create(embeddingsOnly, '/v1/chat/completions');
     assert.equal(wrongWay.status, 400);
     assert.equal(wrongWay.param, 'input_file_id');
     assert.match((wrongWay.error as { message: string }).message, /^Line 1 of the batch input: /);
