@@ -14,7 +14,7 @@
  * (internal-routes.ts); API-key routes only ever look for API keys.
  */
 import { hkdfSync } from 'node:crypto';
-import { SignJWT, jwtVerify, errors as joseErrors } from 'jose';
+import type * as Jose from 'jose';
 import { ServiceError } from '../errors/index.js';
 import { ROLES, type Role } from '../exec/users.js';
 import type { Scope } from '../keys/index.js';
@@ -46,6 +46,16 @@ export function deriveKey(master: Buffer, purpose: string): Buffer {
   return Buffer.from(hkdfSync('sha256', master, Buffer.alloc(0), `switchyard/${purpose}`, 32));
 }
 
+/**
+ * jose, loaded at the first dashboard call: the API role alone never holds it
+ * (about 1 MiB of heap; docs/BENCHMARKS.md, "A thread's arena").
+ */
+let jose: Promise<typeof Jose> | undefined;
+function loadJose(): Promise<typeof Jose> {
+  jose ??= import('jose');
+  return jose;
+}
+
 export class InternalTokens {
   private readonly key: Buffer;
 
@@ -57,6 +67,7 @@ export class InternalTokens {
   }
 
   async mint(c: InternalClaims): Promise<string> {
+    const { SignJWT } = await loadJose();
     const now = Math.floor(this.clock.now() / 1000);
     return new SignJWT({ prj: c.project, role: c.role, scp: c.scopes })
       .setProtectedHeader({ alg: 'HS256', typ: 'JWT' })
@@ -75,6 +86,7 @@ export class InternalTokens {
         message: 'The internal path needs the dashboard token.',
       });
     }
+    const { jwtVerify, errors } = await loadJose();
     try {
       const { payload } = await jwtVerify(token, this.key, {
         issuer: INTERNAL_ISSUER,
@@ -104,7 +116,7 @@ export class InternalTokens {
     } catch (err) {
       throw new ServiceError('authentication_required', {
         message:
-          err instanceof joseErrors.JWTExpired
+          err instanceof errors.JWTExpired
             ? 'The dashboard token has expired.'
             : 'The dashboard token is not valid.',
       });
