@@ -34,7 +34,7 @@
  * `batch.cancelled` events are emitted (the spec lists no event for expiry).
  */
 import { randomBytes } from 'node:crypto';
-import { and, asc, eq, inArray, sql } from 'drizzle-orm';
+import { and, asc, eq, inArray, sql, type Placeholder } from 'drizzle-orm';
 import type { FastifyInstance } from 'fastify';
 import { emitEvent } from '../events/outbox.js';
 import { FileService, newFileId, UploadService } from '../files/index.js';
@@ -54,6 +54,14 @@ const MAX_BACKOFF_MS = 30_000;
 const STALE_UPLOAD_MS = 24 * 60 * 60 * 1000;
 /** Output lines per stored chunk of a result file. */
 const LINES_PER_CHUNK = 256;
+/** A batch some runner should take up: active, with no lease or an expired one. */
+function dueBatch(now: Date | Placeholder) {
+  return and(
+    inArray(B.status, [...ACTIVE_STATUSES]),
+    sql`(${B.leaseUntil} is null or ${B.leaseUntil} <= ${now})`,
+  );
+}
+
 const EXPIRED_MESSAGE = 'This request could not be executed before the completion window expired.';
 
 export interface BatchRunnerOptions {
@@ -115,17 +123,7 @@ export class BatchRunner {
       maxPartBytes: s.config.maxUploadPartBytes,
     });
     const now = sql.placeholder('now');
-    this.probe = s.store.db
-      .select({ id: B.id })
-      .from(B)
-      .where(
-        and(
-          inArray(B.status, [...ACTIVE_STATUSES]),
-          sql`(${B.leaseUntil} is null or ${B.leaseUntil} <= ${now})`,
-        ),
-      )
-      .limit(1)
-      .prepare('');
+    this.probe = s.store.db.select({ id: B.id }).from(B).where(dueBatch(now)).limit(1).prepare('');
   }
 
   start(): void {
@@ -196,12 +194,7 @@ export class BatchRunner {
       const [due] = await tx
         .select({ id: B.id })
         .from(B)
-        .where(
-          and(
-            inArray(B.status, [...ACTIVE_STATUSES]),
-            sql`(${B.leaseUntil} is null or ${B.leaseUntil} <= ${now})`,
-          ),
-        )
+        .where(dueBatch(now))
         .orderBy(asc(B.seq))
         .limit(1)
         .for('update', { skipLocked: true });
