@@ -4,7 +4,7 @@
  * shapes, through the engine's queue and timing, with failure injection.
  */
 import assert from 'node:assert/strict';
-import { after, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { FakeClock } from '../../runtime/clock.js';
 import { clockSleep } from './engine.js';
@@ -16,18 +16,10 @@ import {
   shorten,
   similarity,
 } from './pooling.js';
-import { startSimWorker, type SimWorker, type SimWorkerOptions } from './server.js';
+import { simWorkers } from '../../../test/support/sim.js';
 import { countTokens } from './tokenizer.js';
 
-const workers: SimWorker[] = [];
-async function worker(opts: SimWorkerOptions = {}): Promise<SimWorker> {
-  const w = await startSimWorker(opts);
-  workers.push(w);
-  return w;
-}
-after(async () => {
-  await Promise.all(workers.map((w) => w.close()));
-});
+const worker = simWorkers();
 
 function norm(v: readonly number[]): number {
   return Math.sqrt(v.reduce((s, x) => s + x * x, 0));

@@ -108,7 +108,7 @@ export function float32Base64(v: readonly number[]): string {
 
 // ---------------------------------------------------------------- requests
 
-type Checked<T> = { ok: true; value: T } | { ok: false; error: SimHttpError };
+export type Checked<T> = { ok: true; value: T } | { ok: false; error: SimHttpError };
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);

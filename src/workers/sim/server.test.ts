@@ -1,20 +1,13 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
+import { before, describe, it } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { ManualSleep } from './manual-sleep.js';
-import { startSimWorker, type SimWorker, type SimWorkerOptions } from './server.js';
+import { simWorkers } from '../../../test/support/sim.js';
+import type { SimWorker } from './server.js';
 import type { ChatCompletion, ChatCompletionChunk, ToolDefinition } from './wire.js';
 
-const workers: SimWorker[] = [];
-async function worker(opts: SimWorkerOptions = {}): Promise<SimWorker> {
-  const w = await startSimWorker(opts);
-  workers.push(w);
-  return w;
-}
-after(async () => {
-  await Promise.all(workers.map((w) => w.close()));
-});
+const worker = simWorkers();
 
 function post(w: SimWorker, body: unknown, init: RequestInit = {}): Promise<Response> {
   return fetch(`${w.url}/chat/completions`, {

@@ -40,6 +40,7 @@ import {
   embeddingsResponse,
   rerankResponse,
   scoreResponse,
+  type Checked,
   type PoolingMeta,
 } from './pooling.js';
 import { buildCompletion, StreamFramer, type FinishStyle, type ResponseMeta } from './response.js';
@@ -246,42 +247,26 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
 
   const embeddingDim = opts.embeddingDim ?? DEFAULT_EMBEDDING_DIM;
 
-  function checkPooling(
-    task: PoolingTask,
-    body: unknown,
+  /** A checked request as the job `handlePooling` runs: its prompt size and its answer. */
+  function pooled<J extends { promptTokens: number }>(
+    c: Checked<J>,
+    respond: (job: J, meta: PoolingMeta) => unknown,
   ): { ok: true; job: PoolingJob } | { ok: false; error: SimHttpError } {
-    if (task === 'embeddings') {
-      const c = checkEmbeddings(body, {
-        style,
-        dim: embeddingDim,
-        contextWindow: o.contextWindow,
-      });
-      if (!c.ok) return c;
-      const job = c.value;
-      return {
-        ok: true,
-        job: {
-          promptTokens: job.promptTokens,
-          respond: (meta) => embeddingsResponse(job, embeddingDim, meta),
-        },
-      };
-    }
-    if (task === 'rerank') {
-      const c = checkRerank(body, style);
-      if (!c.ok) return c;
-      const job = c.value;
-      return {
-        ok: true,
-        job: { promptTokens: job.promptTokens, respond: (meta) => rerankResponse(job, meta) },
-      };
-    }
-    const c = checkScore(body, style);
     if (!c.ok) return c;
     const job = c.value;
     return {
       ok: true,
-      job: { promptTokens: job.promptTokens, respond: (meta) => scoreResponse(job, meta) },
+      job: { promptTokens: job.promptTokens, respond: (meta) => respond(job, meta) },
     };
+  }
+
+  function checkPooling(task: PoolingTask, body: unknown) {
+    if (task === 'embeddings') {
+      const c = checkEmbeddings(body, { style, dim: embeddingDim, contextWindow: o.contextWindow });
+      return pooled(c, (job, meta) => embeddingsResponse(job, embeddingDim, meta));
+    }
+    if (task === 'rerank') return pooled(checkRerank(body, style), rerankResponse);
+    return pooled(checkScore(body, style), scoreResponse);
   }
 
   async function handlePooling(
