@@ -17,7 +17,7 @@
  */
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
-import { formatPath, issueToError } from '../http/validate.js';
+import { issueToError, parseField } from '../http/validate.js';
 
 export const MAX_EMBEDDING_INPUTS = 2048;
 export const MAX_RERANK_DOCUMENTS = 1000;
@@ -92,36 +92,13 @@ function invalid(
   return new ServiceError(code, { message: `Invalid '${param}': ${what}.`, param });
 }
 
-function valueAt(body: unknown, path: ReadonlyArray<PropertyKey>): unknown {
-  let v: unknown = body;
-  for (const seg of path) {
-    if (v === null || typeof v !== 'object') return undefined;
-    v = (v as Record<PropertyKey, unknown>)[seg];
-  }
-  return v;
-}
-
-function parse<S extends z.ZodType>(schema: S, body: unknown): z.output<S> {
-  const r = schema.safeParse(body, { reportInput: true });
-  if (r.success) return r.data;
-  const issue = r.error.issues[0]!;
-  if (issue.path.length > 0 && valueAt(body, issue.path) === undefined) {
-    const param = formatPath(issue.path);
-    throw new ServiceError('missing_required_parameter', {
-      message: `Missing required parameter: '${param}'.`,
-      param,
-    });
-  }
-  throw issueToError(issue, issue.code === 'invalid_type' ? 'invalid_type' : 'invalid_value');
-}
-
 export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
   const input = (body as { input?: unknown } | null)?.input;
   if (body !== null && typeof body === 'object' && !Array.isArray(body)) {
     const bad = inputIssue(input);
     if (bad) throw bad;
   }
-  const d = parse(embeddingsSchema, body);
+  const d = parseField(embeddingsSchema, body);
   const raw = d.input;
   let inputs: EmbeddingInput[];
   if (typeof raw === 'string') inputs = [{ text: raw }];
@@ -182,7 +159,7 @@ export function parseRerankRequest(body: unknown): RerankRequest {
       }
     }
   }
-  const d = parse(rerankSchema, body);
+  const d = parseField(rerankSchema, body);
   const documents = d.documents.map((x) => (typeof x === 'string' ? x : x.text));
   return {
     // Workers take plain strings (vLLM's documents are strings or multimodal parts).
@@ -211,7 +188,7 @@ export interface ScoreRequest {
 }
 
 export function parseScoreRequest(body: unknown): ScoreRequest {
-  const d = parse(scoreSchema, body);
+  const d = parseField(scoreSchema, body);
   const a = typeof d.text_1 === 'string' ? [d.text_1] : d.text_1;
   const b = typeof d.text_2 === 'string' ? [d.text_2] : d.text_2;
   if (a.length > 1 && a.length !== b.length) {

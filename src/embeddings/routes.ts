@@ -37,6 +37,7 @@ import {
   retryAfter,
   SATURATED,
   upstreamFailure,
+  workerJson,
 } from '../inference/admission.js';
 import { CHARS_PER_TOKEN } from '../inference/clamp.js';
 import { Deadline } from '../inference/deadline.js';
@@ -231,14 +232,7 @@ class Pooling {
         }
       }
       s.pool.success(lease.worker.id);
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        throw new ServiceError('upstream_error', {
-          message: 'The inference worker returned invalid JSON.',
-        });
-      }
+      const parsed = workerJson(text);
       const out = job.respond(parsed, {
         id: request.id,
         created: Math.floor(startedAt / 1000),

@@ -44,6 +44,42 @@ export function parseBody<S extends z.ZodType>(
 }
 
 /**
+ * A request field parsed with `schema`, refused with OpenAI's codes: a field that is
+ * absent is `missing_required_parameter`, a wrong type `invalid_type`, anything else
+ * `invalid_value`. `prefix` is where `v` sits in the request (the start of `param`).
+ */
+export function parseField<S extends z.ZodType>(
+  schema: S,
+  v: unknown,
+  prefix: ReadonlyArray<string | number> = [],
+): z.output<S> {
+  const r = schema.safeParse(v, { reportInput: true });
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  const path = [...prefix, ...issue.path];
+  if (issue.path.length > 0 && valueAt(v, issue.path) === undefined) {
+    const param = formatPath(path);
+    throw new ServiceError('missing_required_parameter', {
+      message: `Missing required parameter: '${param}'.`,
+      param,
+    });
+  }
+  throw issueToError(
+    { ...issue, path },
+    issue.code === 'invalid_type' ? 'invalid_type' : 'invalid_value',
+  );
+}
+
+function valueAt(body: unknown, path: ReadonlyArray<PropertyKey>): unknown {
+  let v: unknown = body;
+  for (const seg of path) {
+    if (v === null || typeof v !== 'object') return undefined;
+    v = (v as Record<PropertyKey, unknown>)[seg];
+  }
+  return v;
+}
+
+/**
  * OpenAI's list query (`limit` 1–100, default 20; `order` `asc` or `desc`, default
  * `desc`; `after`, a cursor the caller resolves), as the Responses and Conversations
  * item lists take it.

@@ -70,6 +70,17 @@ export async function admitWorker(
   return result;
 }
 
+/** A worker's 2xx body as JSON; 502 `upstream_error` when it is not JSON. */
+export function workerJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new ServiceError('upstream_error', {
+      message: 'The inference worker returned invalid JSON.',
+    });
+  }
+}
+
 export function upstreamFailure(status: number, text: string): ServiceError {
   let message: string | null = null;
   try {

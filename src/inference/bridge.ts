@@ -32,6 +32,7 @@ import type { CatalogEntry } from '../exec/catalog.js';
 import type { PublicInvocation } from '../exec/invocations.js';
 import type { ExecService } from '../exec/service.js';
 import type { Clock } from '../runtime/clock.js';
+import { workerJson } from './admission.js';
 import { Deadline } from './deadline.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier } from '../tiers/index.js';
@@ -316,14 +317,7 @@ export class ToolBridge {
   private async completeRound(res: UpstreamResponse): Promise<Round | 'answered'> {
     const r = this.r;
     const text = await res.body.text();
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(text);
-    } catch {
-      throw new ServiceError('upstream_error', {
-        message: 'The inference worker returned invalid JSON.',
-      });
-    }
+    const parsed = workerJson(text);
     const completion: ChatCompletion = normalizeCompletion(parsed, r.ctx);
     this.addUsage(completion.usage);
     const choice = completion.choices[0];

@@ -63,6 +63,7 @@ import {
   retryAfter,
   SATURATED,
   upstreamFailure,
+  workerJson,
 } from './admission.js';
 import {
   normalizeCompletion,
@@ -419,14 +420,7 @@ export class ChatCompletions {
         }
       }
       this.d.pool.success(run.worker.id);
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        throw new ServiceError('upstream_error', {
-          message: 'The inference worker returned invalid JSON.',
-        });
-      }
+      const parsed = workerJson(text);
       const completion = normalizeCompletion(parsed, run.ctx);
       reasoningNull(completion.usage, run.endpoint);
       usage = completion.usage;

@@ -22,7 +22,7 @@
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
-import { formatPath, issueToError } from '../http/validate.js';
+import { formatPath, parseField } from '../http/validate.js';
 
 const text = z.string();
 const inputText = z.object({ type: z.literal('input_text'), text });
@@ -128,43 +128,12 @@ function unsupported(param: string, message: string): ServiceError {
   return new ServiceError('unsupported_value', { message, param });
 }
 
-function parseOr<S extends z.ZodType>(
-  s: S,
-  v: unknown,
-  prefix: Array<string | number>,
-): z.output<S> {
-  const r = s.safeParse(v, { reportInput: true });
-  if (r.success) return r.data;
-  const issue = r.error.issues[0]!;
-  const path = [...prefix, ...issue.path];
-  if (issue.path.length > 0 && valueAt(v, issue.path) === undefined) {
-    const param = formatPath(path);
-    throw new ServiceError('missing_required_parameter', {
-      message: `Missing required parameter: '${param}'.`,
-      param,
-    });
-  }
-  throw issueToError(
-    { ...issue, path },
-    issue.code === 'invalid_type' ? 'invalid_type' : 'invalid_value',
-  );
-}
-
-function valueAt(body: unknown, path: ReadonlyArray<PropertyKey>): unknown {
-  let v: unknown = body;
-  for (const seg of path) {
-    if (v === null || typeof v !== 'object') return undefined;
-    v = (v as Record<PropertyKey, unknown>)[seg];
-  }
-  return v;
-}
-
 /** One input item (of `input`, or of a conversation's `items`), `path` naming it in errors. */
 export function parseInputItem(v: unknown, path: Array<string | number>): InputItem {
   const at = formatPath(path)!;
   const type = (v as { type?: unknown } | null)?.type;
-  if (type === 'function_call') return parseOr(functionCall, v, path);
-  if (type === 'function_call_output') return parseOr(functionCallOutput, v, path);
+  if (type === 'function_call') return parseField(functionCall, v, path);
+  if (type === 'function_call_output') return parseField(functionCallOutput, v, path);
   if (type === undefined || type === 'message') {
     const content = (v as { content?: unknown } | null)?.content;
     if (Array.isArray(content)) {
@@ -178,7 +147,7 @@ export function parseInputItem(v: unknown, path: Array<string | number>): InputI
         }
       });
     }
-    return parseOr(message, v, path);
+    return parseField(message, v, path);
   }
   throw unsupported(
     `${at}.type`,
@@ -214,7 +183,7 @@ function newItemId(prefix: string): string {
 }
 
 export function parseResponsesRequest(body: unknown): ResponsesRequest {
-  const d = parseOr(schema, body, []);
+  const d = parseField(schema, body, []);
   if (d.background) throw unsupported('background', 'Background responses are not supported.');
   if (d.truncation === 'auto') {
     throw unsupported('truncation', "Only 'disabled' truncation is supported.");
@@ -249,7 +218,7 @@ export function parseResponsesRequest(body: unknown): ResponsesRequest {
         `Tools of type '${String(type)}' are not supported; only 'function' tools.`,
       );
     }
-    return parseOr(functionTool, t, ['tools', i]);
+    return parseField(functionTool, t, ['tools', i]);
   });
   const items =
     typeof d.input === 'string'
