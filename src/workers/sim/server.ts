@@ -269,19 +269,25 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
     return pooled(checkScore(body, style), scoreResponse);
   }
 
+  /** The request body as JSON, or null after answering 400 when it is not JSON. */
+  function jsonBody(res: ServerResponse, raw: string): { body: unknown } | null {
+    try {
+      return { body: JSON.parse(raw) as unknown };
+    } catch (err) {
+      sendError(res, simError(style, 400, `Invalid JSON body: ${(err as Error).message}`));
+      return null;
+    }
+  }
+
   async function handlePooling(
     task: PoolingTask,
     req: IncomingMessage,
     res: ServerResponse,
     raw: string,
   ): Promise<void> {
-    let body: unknown;
-    try {
-      body = JSON.parse(raw);
-    } catch (err) {
-      sendError(res, simError(style, 400, `Invalid JSON body: ${(err as Error).message}`));
-      return;
-    }
+    const json = jsonBody(res, raw);
+    if (!json) return;
+    const { body } = json;
     const model = (body as { model?: unknown } | null)?.model;
     if (o.strictModel && typeof model === 'string' && model !== o.model) {
       sendError(res, simError(style, 404, `The model \`${model}\` does not exist.`, 'model'));
@@ -312,13 +318,9 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
   }
 
   async function handleChat(req: IncomingMessage, res: ServerResponse, raw: string): Promise<void> {
-    let body: unknown;
-    try {
-      body = JSON.parse(raw);
-    } catch (err) {
-      sendError(res, simError(style, 400, `Invalid JSON body: ${(err as Error).message}`));
-      return;
-    }
+    const json = jsonBody(res, raw);
+    if (!json) return;
+    const { body } = json;
     const parsed = parseChatRequest(body);
     if (!parsed.ok) {
       sendError(res, simError(style, 400, parsed.message, parsed.param));
