@@ -75,6 +75,21 @@ describe('sim worker HTTP', () => {
     w = await worker();
   });
 
+  it('answers a body that is not JSON with 400, on the chat and the pooling routes', async () => {
+    for (const path of ['/chat/completions', '/embeddings']) {
+      const res = await fetch(`${w.url}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{"model": ',
+      });
+      assert.equal(res.status, 400, path);
+      // vLLM's error shape, the sim's default.
+      const body = (await res.json()) as { object?: string; message?: string };
+      assert.equal(body.object, 'error', path);
+      assert.match(body.message ?? '', /^Invalid JSON body: /, path);
+    }
+  });
+
   it('serves a non-streaming completion with ids, fingerprint and usage', async () => {
     assert.match(w.url, /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
     const res = await post(w, {
