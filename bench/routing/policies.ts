@@ -22,6 +22,7 @@
  *   With a `PriorityRule` (run.ts --priority, an experiment) both also attach a vLLM
  *   `priority` to each request; the baselines never do.
  */
+import { PrefillOrder } from '../../src/routing/prefill-order.js';
 import { PrefixIndex } from '../../src/routing/prefix-index.js';
 import { WorkerScorer, type Route, type ScoreConstants } from '../../src/routing/score.js';
 import type { WorkerMetrics } from './sim.js';
@@ -216,7 +217,8 @@ export class LlmdDefault implements Policy {
 const COLD_CLASS_MS = 1e7;
 
 export interface PriorityRule {
-  order: 'eft' | 'sjf' | 'lst' | 'hit';
+  /** `classes`: the live router's PrefillOrder (src/routing/prefill-order.ts); k, tierMs, follow unused. */
+  order: 'eft' | 'sjf' | 'lst' | 'hit' | 'classes';
   k: number;
   tierMs: number;
   follow: boolean;
@@ -233,6 +235,7 @@ export class Switchyard implements Policy {
   readonly name: string;
   readonly scorer: WorkerScorer;
   private readonly sized = new Set<string>();
+  private readonly prefillOrder = new PrefillOrder();
   /** `follow`: per worker, block hash → requests still to compute that block there. */
   private readonly pending = new Map<string, Map<number, Set<PendingPrefill>>>();
 
@@ -281,8 +284,17 @@ export class Switchyard implements Policy {
     if (!choice.ok) return null;
     const route: Route = choice.route;
     const scorer = this.scorer;
-    const priority = this.priority ? this.priorityOf(req, route, this.priority) : undefined;
-    const computed = priority !== undefined ? this.markPending(route, priority) : () => {};
+    let priority: number | undefined;
+    let computed: () => void = () => {};
+    if (this.priority?.order === 'classes') {
+      // The live router's rule (src/routing/prefill-order.ts), as shipped.
+      const ticket = this.prefillOrder.assign(route, req.at);
+      priority = ticket.priority;
+      computed = ticket.release;
+    } else if (this.priority) {
+      priority = this.priorityOf(req, route, this.priority);
+      computed = this.markPending(route, priority);
+    }
     return {
       workerId: route.workerId,
       predictedCachedTokens: route.predictedCachedTokens,

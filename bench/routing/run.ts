@@ -28,6 +28,8 @@
  *     the request's X-SLO-TTFT-Ms, or D ms without one; `lst:0` is deadline first), or
  *     `hit[:K]` (two classes in arrival order: requests predicted to hit more than
  *     1 − 1/K of their prompt, K = 2 by default, before the others), or
+ *     `classes` (the live router's rule, src/routing/prefill-order.ts: `hit` with `follow`
+ *     with integer priorities: arrival, plus 10⁷ ms when cold), or
  *     `none` (ordered queues, no priority sent: prints the same as no flag). `tier:X`:
  *     service_tier `priority` sorts X ms earlier, `flex` X ms later; `follow`: a request
  *     whose predicted hit another request still has to prefill sorts no earlier than
@@ -131,7 +133,8 @@ let PRIORITY_ORDER = false;
 let PRIORITY_RULE: PriorityRule | undefined;
 
 /**
- * Parses `eft`, `eft:K`, `sjf`, `sjf:K`, `lst`, `lst:K`, `hit`, `hit:K` or `none`, then optionally
+ * Parses `classes` (the live router's rule), or `eft`, `eft:K`, `sjf`, `sjf:K`, `lst`, `lst:K`,
+ * `hit`, `hit:K` or `none`, then optionally
  * `,tier:X`, `,follow`, `,deadline:D`.
  */
 function parsePriority(spec: string): PriorityRule | undefined {
@@ -148,6 +151,9 @@ function parsePriority(spec: string): PriorityRule | undefined {
     else throw new Error(`--priority: ${r}?`);
   }
   if (order === 'none') return undefined;
+  if (order === 'classes' && rest.length === 0 && k === undefined) {
+    return { order, k: 0, tierMs: 0, follow: true, deadlineMs: 0 };
+  }
   if (order !== 'eft' && order !== 'sjf' && order !== 'lst' && order !== 'hit') {
     throw new Error(`--priority: ${rule}?`);
   }

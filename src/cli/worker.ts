@@ -5,7 +5,11 @@
  * `--register <router-url>` with `--token` (or SWITCHYARD_WORKER_TOKEN)
  * registers it with a router, heartbeats, and deregisters on SIGTERM
  * (workers/registration.ts); `--tier`, `--advertise-url` (default: the listen
- * URL) and `--capacity` go with the registration.
+ * URL), `--capacity` and `--scheduling-policy` go with the registration.
+ *
+ * `--scheduling-policy priority` (sim engine): the waiting queue is ordered by the
+ * request's `priority`, lower first, as vLLM's flag of the same name; registered
+ * with it, the worker gets a `priority` from the router (routing/prefill-order.ts).
  */
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -43,10 +47,22 @@ export async function worker(argv: string[]): Promise<number> {
       tier: { type: 'string', default: 'cpu' },
       'advertise-url': { type: 'string' },
       capacity: { type: 'string' },
+      'scheduling-policy': { type: 'string', default: 'fcfs' },
     },
     strict: true,
   });
   const token = values.token ?? process.env.SWITCHYARD_WORKER_TOKEN;
+  const schedulingPolicy = values['scheduling-policy'];
+  if (schedulingPolicy !== 'fcfs' && schedulingPolicy !== 'priority') {
+    process.stderr.write('switchyard worker: --scheduling-policy must be fcfs or priority\n');
+    return 2;
+  }
+  if (schedulingPolicy === 'priority' && values.engine === 'llama') {
+    process.stderr.write(
+      'switchyard worker: the llama engine serves requests in arrival order; --scheduling-policy priority is for sim\n',
+    );
+    return 2;
+  }
   if (values.register) {
     if (!token) {
       process.stderr.write(
@@ -86,6 +102,7 @@ export async function worker(argv: string[]): Promise<number> {
         tier: values.tier,
         url: (values['advertise-url'] ?? w.url).replace(/\/$/, ''),
         ...(capacity ? { capacity } : {}),
+        ...(schedulingPolicy === 'priority' ? { schedulingPolicy } : {}),
         clock: systemClock,
         log: (line) => process.stdout.write(`switchyard worker: ${line}\n`),
       });
@@ -170,6 +187,7 @@ export async function worker(argv: string[]): Promise<number> {
     ...(values['kv-cache-tokens']
       ? { kvCacheTokens: num('kv-cache-tokens', values['kv-cache-tokens'], 131_072) }
       : {}),
+    schedulingPolicy,
     tracing,
   });
   process.stdout.write(`switchyard worker (sim) serving ${w.url}\n`);

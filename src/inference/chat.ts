@@ -119,6 +119,9 @@ const ROUTER_ONLY_FIELDS = [
   'store',
   'user',
   'max_completion_tokens',
+  // The router sets it for workers that order their queue by it (routing/prefill-order.ts);
+  // a client's own would let one tenant jump the others' queue.
+  'priority',
 ] as const;
 
 const PRIORITY_MULTIPLIER = 1.25;
@@ -352,10 +355,11 @@ export class ChatCompletions {
     for (;;) {
       let res: UpstreamResponse;
       try {
+        const priority = run.lease.priority;
         res = await d.upstream.post(
           run.worker.url,
           '/chat/completions',
-          JSON.stringify(run.body),
+          JSON.stringify(priority === undefined ? run.body : { ...run.body, priority }),
           signal,
           this.traceHeaders(run),
         );

@@ -4,7 +4,7 @@
  * (SWITCHYARD_WORKER_TOKEN; the operator token is accepted too). Without a
  * configured worker token only the operator token is accepted.
  *
- * - `POST /workers/register` `{model, tier, url, capacity?, id?}`: creates the
+ * - `POST /workers/register` `{model, tier, url, capacity?, scheduling_policy?, id?}`: creates the
  *   worker (source `registered`, healthy), or re-registers it in place when a
  *   registered worker of the same id, or of the same (model, tier, url), exists.
  *   Answers the worker record plus `heartbeat_interval_ms`.
@@ -20,7 +20,12 @@ import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
 import { bearerToken } from '../keys/index.js';
-import { newWorkerId, publicWorker, type WorkerRecord } from '../routing/registry.js';
+import {
+  newWorkerId,
+  publicWorker,
+  SCHEDULING_POLICIES,
+  type WorkerRecord,
+} from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { TIER_IDS } from '../tiers/index.js';
 
@@ -30,6 +35,7 @@ const registerBody = z
     tier: z.enum(TIER_IDS),
     url: z.url({ protocol: /^https?$/ }).refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
     capacity: z.number().int().min(1).max(1_000_000).optional(),
+    scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
     id: z
       .string()
       .regex(/^[A-Za-z0-9_-]{1,64}$/)
@@ -90,6 +96,7 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
           url,
           source: 'registered',
           capacity: body.capacity ?? null,
+          schedulingPolicy: body.scheduling_policy ?? 'fcfs',
         },
         now(),
       );

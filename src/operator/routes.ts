@@ -12,7 +12,7 @@ import { parseBody } from '../http/validate.js';
 import { SLUG_PATTERN } from '../keys/index.js';
 import { CAPABILITIES, operatorModel } from '../models/repository.js';
 import { publicProject, type Project } from '../projects/repository.js';
-import { newWorkerId, publicWorker } from '../routing/registry.js';
+import { newWorkerId, publicWorker, SCHEDULING_POLICIES } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS, type TierId } from '../tiers/index.js';
@@ -58,6 +58,7 @@ const createWorkerBody = z
     model: z.string().min(1),
     tier: z.enum(TIER_IDS),
     url: z.url({ protocol: /^https?$/ }).refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
+    scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
     id: z
       .string()
       .regex(/^[A-Za-z0-9_-]{1,64}$/)
@@ -187,6 +188,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
           tierId: body.tier,
           url: body.url.replace(/\/$/, ''),
           source: 'static',
+          schedulingPolicy: body.scheduling_policy ?? 'fcfs',
         },
         now(),
       );

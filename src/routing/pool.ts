@@ -28,6 +28,12 @@
  * returns goes back through `firstToken`, `finish` (observed TTFT, TPOT and
  * `cached_tokens` correct the scorer and the prefix index) or `abandon`.
  *
+ * Queue order at the worker: a worker registered with `scheduling_policy: priority`
+ * orders its waiting queue by the `priority` its requests carry; its leases carry the
+ * one PrefillOrder gives (prefill-order.ts: warm before cold, arrival within each,
+ * a warm request after the prefill its hit waits for), whose pending blocks are
+ * released at the first token or with the lease.
+ *
  * Wait queue (`admit`): when no candidate admits the request, it waits in a queue
  * per (model, tier) ordered by `service_tier` (priority, default/auto, flex) then
  * arrival, for at most `queueTimeoutMs` (capped by the caller's deadline); each
@@ -37,6 +43,7 @@
 import type { Clock, Timer } from '../runtime/clock.js';
 import type { Metrics } from '../runtime/metrics.js';
 import { TtlCache } from '../runtime/ttl-cache.js';
+import { PrefillOrder } from './prefill-order.js';
 import type { PromptBlocks } from './prefix-index.js';
 import type { WorkerRecord, WorkerRegistry } from './registry.js';
 import { admissionLimit, tierRank, WorkerScorer, type Candidate, type Route } from './score.js';
@@ -56,6 +63,13 @@ export interface Lease {
   worker: WorkerRecord;
   route: Route;
   released: boolean;
+  /**
+   * The `priority` to send the worker (prefill-order.ts), when it orders its queue by
+   * one (`scheduling_policy: priority`); undefined otherwise.
+   */
+  priority?: number;
+  /** Clears the request's pending prefill blocks (at the first token or the end). */
+  prefilled?: () => void;
 }
 
 export interface WaitOptions {
@@ -106,6 +120,8 @@ export class WorkerPool {
   private signalsMaxAgeMs = Infinity;
   /** Admission is the pool's (per-worker limits); the scorer only ranks. */
   readonly scorer = new WorkerScorer({ maxInFlight: Infinity });
+  /** Priorities for workers with `scheduling_policy: priority`. */
+  readonly prefillOrder = new PrefillOrder();
   private readonly queues = new Map<string, Waiter[]>();
   private waitSeq = 0;
   private queue: QueueSettings = { depth: 64, timeoutMs: 5000 };
@@ -199,7 +215,15 @@ export class WorkerPool {
     if (b && b.failures >= BREAKER_THRESHOLD && now >= b.openUntil) b.probing = true;
     this.metrics?.workerChosen.inc({ worker: chosen.id });
     this.acquire(chosen.id);
-    return { worker: chosen, route, released: false };
+    if (chosen.schedulingPolicy !== 'priority') return { worker: chosen, route, released: false };
+    const ticket = this.prefillOrder.assign(route, now);
+    return {
+      worker: chosen,
+      route,
+      released: false,
+      priority: ticket.priority,
+      prefilled: ticket.release,
+    };
   }
 
   /**
@@ -271,6 +295,7 @@ export class WorkerPool {
 
   /** The first token reached the router: the request leaves the worker's prefill queue. */
   firstToken(lease: Lease): void {
+    lease.prefilled?.();
     this.scorer.firstToken(lease.route, { nowMs: this.clock.now() });
   }
 
@@ -294,6 +319,7 @@ export class WorkerPool {
 
   private releaseLease(lease: Lease): void {
     lease.released = true;
+    lease.prefilled?.();
     this.release(lease.worker.id);
     this.pump(queueKey(lease.worker));
   }

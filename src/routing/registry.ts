@@ -19,6 +19,10 @@ const { workers, models } = tables;
 export type WorkerSource = 'static' | 'registered' | 'embedded';
 export type WorkerStatus = 'healthy' | 'unhealthy' | 'draining';
 
+/** How a worker orders its waiting queue (vLLM's `--scheduling-policy`). */
+export const SCHEDULING_POLICIES = ['fcfs', 'priority'] as const;
+export type SchedulingPolicy = (typeof SCHEDULING_POLICIES)[number];
+
 export interface WorkerRecord {
   id: string;
   modelId: string;
@@ -30,6 +34,8 @@ export interface WorkerRecord {
   lastHeartbeatAt: Date | null;
   /** Requests the worker accepts at once, when it said so (self-registration). */
   capacity: number | null;
+  /** `priority`: the worker orders its queue by the `priority` the router sends. */
+  schedulingPolicy: SchedulingPolicy;
   createdAt: Date;
 }
 
@@ -45,6 +51,7 @@ export function publicWorker(w: WorkerRecord) {
     status: w.status,
     last_heartbeat_at: w.lastHeartbeatAt ? Math.floor(w.lastHeartbeatAt.getTime() / 1000) : null,
     capacity: w.capacity,
+    scheduling_policy: w.schedulingPolicy,
     created: Math.floor(w.createdAt.getTime() / 1000),
   };
 }
@@ -59,6 +66,7 @@ const columns = {
   status: workers.status,
   lastHeartbeatAt: workers.lastHeartbeatAt,
   capacity: workers.capacity,
+  schedulingPolicy: workers.schedulingPolicy,
   createdAt: workers.createdAt,
 };
 
@@ -88,14 +96,23 @@ export class WorkerRegistry {
       url: string;
       source: WorkerSource;
       capacity?: number | null;
+      schedulingPolicy?: SchedulingPolicy;
     },
     now: Date,
   ): Promise<WorkerRecord> {
     const heartbeat = input.source === 'registered' ? now : null;
     const capacity = input.capacity ?? null;
+    const schedulingPolicy = input.schedulingPolicy ?? 'fcfs';
     await this.db
       .insert(workers)
-      .values({ ...input, capacity, status: 'healthy', lastHeartbeatAt: heartbeat, createdAt: now })
+      .values({
+        ...input,
+        capacity,
+        schedulingPolicy,
+        status: 'healthy',
+        lastHeartbeatAt: heartbeat,
+        createdAt: now,
+      })
       .onConflictDoUpdate({
         target: workers.id,
         set: {
@@ -104,6 +121,7 @@ export class WorkerRegistry {
           url: input.url,
           source: input.source,
           capacity,
+          schedulingPolicy,
           status: 'healthy',
           lastHeartbeatAt: heartbeat,
         },

@@ -108,10 +108,20 @@ export const workers = pgTable(
     lastHeartbeatAt: timestamp('last_heartbeat_at', { withTimezone: true, mode: 'date' }),
     /** Requests the worker accepts at once (self-registration); null: the router's default. */
     capacity: integer('capacity'),
+    /**
+     * How the worker orders its waiting queue: `fcfs`, or `priority` (vLLM's
+     * `--scheduling-policy priority`): the router then sends each request a
+     * `priority` (routing/prefill-order.ts).
+     */
+    schedulingPolicy: text('scheduling_policy')
+      .$type<'fcfs' | 'priority'>()
+      .notNull()
+      .default('fcfs'),
     createdAt: createdAt(),
   },
   (t) => [
     index('workers_model_tier_idx').on(t.modelId, t.tierId),
+    check('workers_scheduling_policy_check', sql`${t.schedulingPolicy} in ('fcfs', 'priority')`),
     check('workers_status_check', sql`${t.status} in ('healthy', 'unhealthy', 'draining')`),
     check('workers_source_check', sql`${t.source} in ('static', 'registered', 'embedded')`),
   ],

@@ -24,6 +24,8 @@ export interface RegistrationOptions {
   /** The worker's OpenAI base URL as the router reaches it, ending in `/v1`. */
   url: string;
   capacity?: number;
+  /** `priority`: the worker orders its queue by the request's `priority` (the router sends one). */
+  schedulingPolicy?: 'fcfs' | 'priority';
   id?: string;
   clock: Clock;
   log?: (line: string) => void;
@@ -94,6 +96,7 @@ export class WorkerRegistration {
       tier: this.o.tier,
       url: this.o.url,
       ...(this.o.capacity ? { capacity: this.o.capacity } : {}),
+      ...(this.o.schedulingPolicy ? { scheduling_policy: this.o.schedulingPolicy } : {}),
       ...((this.id ?? this.o.id) ? { id: this.id ?? this.o.id } : {}),
     });
     if (res.status >= 500) throw new Error(`HTTP ${res.status}`);

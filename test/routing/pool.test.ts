@@ -13,8 +13,13 @@ import {
 } from '../../src/routing/pool.js';
 import type { WorkerRecord, WorkerRegistry } from '../../src/routing/registry.js';
 import { FakeClock } from '../../src/runtime/clock.js';
+import { COLD_OFFSET_MS } from '../../src/routing/prefill-order.js';
 
-function worker(id: string, capacity: number | null = null): WorkerRecord {
+function worker(
+  id: string,
+  capacity: number | null = null,
+  schedulingPolicy: WorkerRecord['schedulingPolicy'] = 'fcfs',
+): WorkerRecord {
   return {
     id,
     modelId: 'm',
@@ -25,6 +30,7 @@ function worker(id: string, capacity: number | null = null): WorkerRecord {
     status: 'healthy',
     lastHeartbeatAt: null,
     capacity,
+    schedulingPolicy,
     createdAt: new Date(0),
   };
 }
@@ -58,6 +64,28 @@ describe('worker pool', () => {
     assert.equal(pick(pool, [small]), null);
     assert.equal(pool.load('small') >= pool.tierLimit(small, 'default'), true);
     assert.equal(pick(pool, [small, big])?.id, 'big');
+  });
+
+  it('a priority-scheduling worker gets a priority with its lease; its pending blocks go at the first token', () => {
+    const clock = new FakeClock();
+    const pool = new WorkerPool(registry, clock, 0);
+    const hashes = Array.from({ length: 40 }, (_, i) => i + 1); // 16 tokens per block
+    const cold = { ...hints, blocks: { hashes, chars: 2560 }, promptTokens: 640 };
+    const fcfs = pool.route([worker('f')], cold)!;
+    assert.equal(fcfs.priority, undefined);
+    pool.abandon(fcfs);
+    const lease = pool.route([worker('p', null, 'priority')], cold)!;
+    assert.equal(lease.priority, clock.now() + COLD_OFFSET_MS, 'nothing cached yet: cold');
+    assert.equal(pool.prefillOrder.pendingBlocks('p'), 40);
+    pool.firstToken(lease);
+    assert.equal(pool.prefillOrder.pendingBlocks('p'), 0);
+    pool.finish(lease, { promptTokens: 640, cachedTokens: 0 });
+    // The same prompt again: the index now predicts it cached there, so it is warm.
+    clock.advance(5);
+    const again = pool.route([worker('p', null, 'priority')], cold)!;
+    assert.equal(again.priority, clock.now());
+    pool.abandon(again);
+    assert.equal(pool.prefillOrder.pendingBlocks('p'), 0, 'released with the lease');
   });
 
   it('signals older than the maximum age are not returned', () => {

@@ -1,7 +1,7 @@
 /**
  * The real `switchyard worker --engine sim --register <router> --token …`
  * process against an in-process router: it registers its model, tier,
- * advertised URL and capacity, heartbeats at the interval the router gives,
+ * advertised URL, capacity and scheduling policy, heartbeats at the interval the router gives,
  * serves requests routed to it, registers again when the router forgot it,
  * and deregisters on SIGTERM.
  */
@@ -74,6 +74,8 @@ describe('switchyard worker --register (real process)', () => {
         'gpu',
         '--capacity',
         '16',
+        '--scheduling-policy',
+        'priority',
         '--register',
         s.url,
       ],
@@ -85,6 +87,7 @@ describe('switchyard worker --register (real process)', () => {
     assert.equal(rec.model, 'proc-sim');
     assert.equal(rec.tier, 'gpu');
     assert.equal(rec.capacity, 16);
+    assert.equal(rec.scheduling_policy, 'priority');
     assert.match(String(rec.url), /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
 
     const p = await s.admin('GET', '/projects/rp');

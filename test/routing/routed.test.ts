@@ -3,7 +3,8 @@
  * against real `sim` workers: prefix affinity with the workers' real
  * `cached_tokens`, the per-worker and per-endpoint metrics, `service_tier`
  * admission (flex stops at 85 % of the in-flight limit, priority may use 115 %),
- * and the router's wait queue (order by tier, depth, time-out on the fake clock).
+ * the router's wait queue (order by tier, depth, time-out on the fake clock), and
+ * the `priority` sent to a worker that orders its queue by it.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -43,7 +44,17 @@ async function setup(
   };
   ok(await s.admin('POST', '/models', { name: 'rm', context_window: 8192 }));
   for (const [i, w] of workers.entries()) {
-    ok(await s.admin('POST', '/workers', { model: 'rm', tier: 'gpu', url: w.url, id: `w-${i}` }));
+    // A sim ordering its queue by priority is registered as such (the operator's part).
+    const policy = w.engine.options.schedulingPolicy;
+    ok(
+      await s.admin('POST', '/workers', {
+        model: 'rm',
+        tier: 'gpu',
+        url: w.url,
+        id: `w-${i}`,
+        ...(policy === 'priority' ? { scheduling_policy: policy } : {}),
+      }),
+    );
   }
   const p = ok(await s.admin('POST', '/projects', { slug: 'rt', name: 'Routed' }));
   const e = ok(
@@ -407,5 +418,80 @@ describe('service_tier admission and the wait queue', () => {
     assert.equal(waiting(), 0);
     assert.equal((await drive(t.s.clock, [holder.done]))[0]!.status, 200);
     assert.equal(pool.load('w-0'), 0);
+  });
+});
+
+describe('queue order at a worker with scheduling_policy priority', () => {
+  let t: Setup | undefined;
+  after(() => teardown(t));
+
+  it('a warm request overtakes an earlier cold prefill in the worker queue; fcfs keeps arrival order', async () => {
+    const system = text('tenant', 6000);
+    const order = async (policy: 'fcfs' | 'priority'): Promise<string[]> => {
+      await teardown(t);
+      // One slot, prefill 1 ms per uncached token: a cold 1,700-token prompt holds it ~1.7 s.
+      t = await setup(
+        {},
+        [{ maxRunning: 1, ttftMs: 10, prefillMsPerToken: 1, schedulingPolicy: policy }],
+        true,
+      );
+      const setup_ = t;
+      const sim = setup_.workers[0]!;
+      // The tenant's system prompt is cached on the worker and known to the router's index.
+      const [warmup] = await drive(setup_.s.clock, [
+        chat(setup_, [
+          { role: 'system', content: system },
+          { role: 'user', content: 'hello' },
+        ]),
+      ]);
+      assert.equal(warmup!.status, 200);
+      const done: string[] = [];
+      const send = (tag: string, messages: Array<{ role: string; content: string }>) =>
+        chat(setup_, messages).then((r) => {
+          assert.equal(r.status, 200, r.text);
+          done.push(tag);
+          return r;
+        });
+      const until = async (cond: () => boolean) => {
+        for (let i = 0; i < 400 && !cond(); i++) await new Promise((r) => setTimeout(r, 5));
+        assert.ok(cond());
+      };
+      const blocker = send('blocker', [{ role: 'user', content: text('blocker', 6000) }]);
+      await until(() => sim.stats().running === 1);
+      const cold = send('cold', [{ role: 'user', content: text('cold', 6000) }]);
+      await until(() => sim.stats().waiting === 1);
+      const warm = send('warm', [
+        { role: 'system', content: system },
+        { role: 'user', content: 'hello again' },
+      ]);
+      await until(() => sim.stats().waiting === 2);
+      const [, , w] = await drive(setup_.s.clock, [blocker, cold, warm], 50);
+      const usage = w!.body.usage as { prompt_tokens_details: { cached_tokens: number } };
+      assert.ok(usage.prompt_tokens_details.cached_tokens > 1000, 'the warm prompt hit the cache');
+      return done;
+    };
+    assert.deepEqual(await order('priority'), ['blocker', 'warm', 'cold']);
+    assert.deepEqual(await order('fcfs'), ['blocker', 'cold', 'warm']);
+  });
+
+  it("a client's own priority is not forwarded: an fcfs worker would refuse it", async () => {
+    await teardown(t);
+    t = await setup({}, [{}]);
+    const r = await chat(t, [{ role: 'user', content: 'hi' }], { priority: -5 });
+    assert.equal(r.status, 200, r.text);
+    const workers = await t.s.admin('GET', '/workers');
+    const list = workers.body.data as Array<{ scheduling_policy: string }>;
+    assert.deepEqual(
+      list.map((w) => w.scheduling_policy),
+      ['fcfs'],
+    );
+    const bad = await t.s.admin('POST', '/workers', {
+      model: 'rm',
+      tier: 'gpu',
+      url: 'http://127.0.0.1:9/v1',
+      scheduling_policy: 'lifo',
+    });
+    assert.equal(bad.status, 400);
+    assert.equal((bad.body.error as { param: string }).param, 'scheduling_policy');
   });
 });

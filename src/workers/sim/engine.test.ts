@@ -559,6 +559,57 @@ describe('scheduling', () => {
     assert.equal(engine.stats().completed, 4);
   });
 
+  it('orders the waiting queue by priority, then arrival, under schedulingPolicy priority', async () => {
+    const sleep = new ManualSleep();
+    const engine = new SimEngine({
+      maxRunning: 1,
+      ttftMs: 10,
+      tpotMs: 0,
+      prefillMsPerToken: 0,
+      schedulingPolicy: 'priority',
+      sleep: sleep.sleep,
+      clock: sleep.clock,
+    });
+    const order: string[] = [];
+    const run = (tag: string, priority?: number) =>
+      engine
+        .complete({
+          messages: [user(`${tag} [sim:len=1]`)],
+          ...(priority === undefined ? {} : { priority }),
+        })
+        .then((r) => {
+          assert.ok(r.ok);
+          order.push(tag);
+        });
+    const all = [
+      run('first', 5),
+      run('late', 9),
+      run('cold', 7),
+      run('warm', 1),
+      run('warm2', 1),
+      run('none'),
+    ];
+    await sleep.settle();
+    assert.equal(engine.stats().waiting, 5);
+    await sleep.advance(100);
+    await Promise.all(all);
+    // `first` was admitted on arrival; then lower priority first, ties (and an absent
+    // priority, 0) by arrival.
+    assert.deepEqual(order, ['first', 'none', 'warm', 'warm2', 'cold', 'late']);
+  });
+
+  it("refuses a priority other than 0 under fcfs, in vLLM's words", () => {
+    const engine = new SimEngine();
+    const r = engine.prepare({ messages: [user('hi')], priority: 3 });
+    assert.ok(!r.ok);
+    assert.equal(r.error.status, 400);
+    assert.match(
+      JSON.stringify(r.error.body),
+      /Got priority 3 but Priority scheduling is not enabled/,
+    );
+    assert.ok(engine.prepare({ messages: [user('hi')], priority: 0 }).ok);
+  });
+
   it('can be driven by the shared FakeClock through clockSleep', async () => {
     const clock = new FakeClock();
     const engine = new SimEngine({

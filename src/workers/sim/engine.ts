@@ -4,8 +4,10 @@
  *
  * Lifecycle of a request: `prepare` renders and tokenizes the prompt, rejects it
  * with the imitated engine's exact token-count error when prompt + budget exceeds
- * the context window, and plans every output token. `run` then queues it FIFO until
- * a slot is free (`maxRunning`) and the KV cache can hold it, admits it (looking up
+ * the context window, and plans every output token. `run` then queues it (FIFO, or
+ * by the request's `priority` then arrival under `schedulingPolicy: 'priority'`, as
+ * vLLM's `--scheduling-policy priority`) until a slot is free (`maxRunning`) and the
+ * KV cache can hold it, admits it (looking up
  * and pinning its prefix blocks), waits the prefill time, and releases one decode
  * step (one token per unfinished choice) every `tpotMs`.
  *
@@ -112,6 +114,12 @@ export interface SimEngineOptions {
   errorStyle?: ErrorStyle;
   /** Count evictable cached blocks in kv usage (vLLM does not). Default false. */
   kvUsageIncludesCache?: boolean;
+  /**
+   * Order of the waiting queue, as vLLM's `--scheduling-policy`: `fcfs` (default,
+   * arrival; a request `priority` other than 0 is refused) or `priority` (by the
+   * request's `priority`, lower first, then arrival).
+   */
+  schedulingPolicy?: 'fcfs' | 'priority';
   sleep?: Sleep;
   clock?: NowClock;
 }
@@ -129,6 +137,7 @@ export interface ResolvedEngineOptions {
   slowdown: number;
   errorStyle: ErrorStyle;
   kvUsageIncludesCache: boolean;
+  schedulingPolicy: 'fcfs' | 'priority';
   sleep: Sleep;
   clock: NowClock;
 }
@@ -151,6 +160,7 @@ export function resolveEngineOptions(o: SimEngineOptions = {}): ResolvedEngineOp
     slowdown: o.slowdown ?? 1,
     errorStyle: o.errorStyle ?? 'vllm',
     kvUsageIncludesCache: o.kvUsageIncludesCache ?? false,
+    schedulingPolicy: o.schedulingPolicy ?? 'fcfs',
     sleep: o.sleep ?? realSleep,
     clock: o.clock ?? systemClock,
   };
@@ -167,10 +177,17 @@ export interface PreparedRequest {
   /** Decode steps: the longest choice's token count. */
   steps: number;
   completionTokens: number;
+  /** Queue order under the `priority` scheduling policy (the request's, else 0). */
+  priority: number;
 }
 
 /** What the scheduler reads of a request: a prepared chat request, or a pooling one. */
-export type Schedulable = Pick<PreparedRequest, 'promptTokens' | 'blockKeys' | 'plans' | 'steps'>;
+export type Schedulable = Pick<
+  PreparedRequest,
+  'promptTokens' | 'blockKeys' | 'plans' | 'steps'
+> & {
+  priority?: number;
+};
 
 export type PrepareResult =
   { ok: true; prepared: PreparedRequest } | { ok: false; error: SimHttpError };
@@ -224,6 +241,9 @@ interface Sequence {
 
 interface Waiter {
   seq: Sequence;
+  /** Queue position under the `priority` policy: (priority, arrival). */
+  priority: number;
+  arrival: number;
   resolve(admitted: boolean): void;
   signal: AbortSignal | undefined;
   onAbort(): void;
@@ -234,6 +254,7 @@ export class SimEngine {
   private readonly cache = new PrefixCache();
   private readonly capacityBlocks: number;
   private readonly queue: Waiter[] = [];
+  private arrivals = 0;
   private readonly running = new Set<Sequence>();
   private tailBlocks = 0;
   private readonly counters = {
@@ -266,6 +287,19 @@ export class SimEngine {
           404,
           `The model \`${request.model}\` does not exist.`,
           'model',
+        ),
+      };
+    }
+    const priority = request.priority ?? 0;
+    if (priority !== 0 && o.schedulingPolicy !== 'priority') {
+      // vLLM's own check (its scheduler only orders by priority under that policy).
+      return {
+        ok: false,
+        error: simError(
+          o.errorStyle,
+          400,
+          `Got priority ${priority} but Priority scheduling is not enabled.`,
+          'priority',
         ),
       };
     }
@@ -305,6 +339,7 @@ export class SimEngine {
         plans,
         steps,
         completionTokens,
+        priority,
       },
     };
   }
@@ -434,6 +469,8 @@ export class SimEngine {
     return new Promise<boolean>((resolve) => {
       const waiter: Waiter = {
         seq,
+        priority: seq.p.priority ?? 0,
+        arrival: this.arrivals++,
         resolve,
         signal,
         onAbort: () => {
@@ -445,7 +482,15 @@ export class SimEngine {
         },
       };
       signal?.addEventListener('abort', waiter.onAbort, { once: true });
-      this.queue.push(waiter);
+      if (this.options.schedulingPolicy !== 'priority') {
+        this.queue.push(waiter);
+        return;
+      }
+      // By (priority, arrival), lower first; a new head may be admissible at once.
+      let i = this.queue.length;
+      while (i > 0 && this.queue[i - 1]!.priority > waiter.priority) i--;
+      this.queue.splice(i, 0, waiter);
+      if (i === 0) this.drain();
     });
   }
 

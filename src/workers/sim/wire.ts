@@ -98,6 +98,11 @@ export interface ChatRequest {
   prediction?: Prediction | null;
   /** vLLM extension: keep generating until the token budget is spent (benchmarks use it). */
   ignore_eos?: boolean | null;
+  /**
+   * vLLM extension: queue order under `--scheduling-policy priority` (lower first, ties
+   * by arrival); any value but 0 is an error under the default `fcfs`.
+   */
+  priority?: number | null;
 }
 
 // ---------------------------------------------------------------- response
@@ -217,7 +222,8 @@ export function parseChatRequest(body: unknown): ParseResult {
     optionalInt(body, 'max_completion_tokens', 1, Number.MAX_SAFE_INTEGER) ??
     optionalInt(body, 'n', 1, 128) ??
     optionalInt(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ??
-    optionalInt(body, 'top_logprobs', 0, 20);
+    optionalInt(body, 'top_logprobs', 0, 20) ??
+    optionalInt(body, 'priority', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
   if (intErr) return fail(intErr, intErr.split(' ')[0] ?? null);
   const boolErr =
     optionalBool(body, 'stream') ??

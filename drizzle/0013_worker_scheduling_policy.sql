@@ -1,0 +1,2 @@
+ALTER TABLE "workers" ADD COLUMN "scheduling_policy" text DEFAULT 'fcfs' NOT NULL;--> statement-breakpoint
+ALTER TABLE "workers" ADD CONSTRAINT "workers_scheduling_policy_check" CHECK ("workers"."scheduling_policy" in ('fcfs', 'priority'));
