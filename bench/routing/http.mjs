@@ -15,6 +15,13 @@
  *
  *   npm run build && node bench/routing/http.mjs                 # both policies, ~2 min
  *   node bench/routing/http.mjs --rate=12 --duration=60 --seed=7
+ *   node bench/routing/http.mjs --policies=score,score+priority --max-running=2
+ *
+ * A policy `<name>+priority` starts the sims with `--scheduling-policy priority` and
+ * registers them with `scheduling_policy: priority`, so the router sends each request
+ * a `priority` (src/routing/prefill-order.ts) and the sims order their waiting queues
+ * by it. `--max-running=N` limits each sim to N sequences at once, so that queues form
+ * (without it, the sims run every request at once and order cannot matter).
  *
  * Workers: `--ttft-ms 30` (prefill 30/512 ms per uncached prompt token, so a cold
  * 1,200-token system prompt costs about 100 ms), `--tpot-ms 8`, a 40,000-token KV cache
@@ -43,6 +50,7 @@ const { values: opts } = parseArgs({
     workers: { type: 'string', default: '4' },
     seed: { type: 'string', default: '1' },
     policies: { type: 'string', default: 'least-loaded,score' },
+    'max-running': { type: 'string', default: '' },
   },
 });
 const RATE = Number(opts.rate);
@@ -81,7 +89,7 @@ function trace() {
   return out;
 }
 
-async function register(routerUrl, token, sims) {
+async function register(routerUrl, token, sims, schedulingPolicy) {
   await admin(routerUrl, token, 'POST', '/models', { name: MODEL, context_window: 32768 });
   for (const [i, s] of sims.entries()) {
     await admin(routerUrl, token, 'POST', '/workers', {
@@ -89,6 +97,7 @@ async function register(routerUrl, token, sims) {
       tier: 'self_hosted',
       url: s.url,
       id: `w${i}`,
+      scheduling_policy: schedulingPolicy,
     });
   }
   const p = await admin(routerUrl, token, 'POST', '/projects', {
@@ -159,13 +168,19 @@ async function stream(target, messages) {
 async function runPolicy(policy, sims, conversations) {
   const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-rbench-'));
   const token = randomBytes(24).toString('base64url');
+  const [routing, order] = policy.split('+');
   const router = await startRouter({
     cpu: 0,
     dataDir,
     token,
-    extraEnv: { SWITCHYARD_ROUTING_POLICY: policy },
+    extraEnv: { SWITCHYARD_ROUTING_POLICY: routing },
   });
-  const target = await register(router.url, token, sims);
+  const target = await register(
+    router.url,
+    token,
+    sims,
+    order === 'priority' ? 'priority' : 'fcfs',
+  );
   const results = [];
   const t0 = performance.now();
   const convo = async (c) => {
@@ -222,18 +237,17 @@ function summarize(policy, { results, wall }) {
   };
 }
 
+/** The sims' flags for a policy (`+priority`: ordered queues). */
+function simArgs(policy) {
+  return [
+    ...['--ttft-ms', '30', '--tpot-ms', '8', '--kv-cache-tokens', '40000'],
+    ...(opts['max-running'] ? ['--max-running', opts['max-running']] : []),
+    ...(policy.endsWith('+priority') ? ['--scheduling-policy', 'priority'] : []),
+  ];
+}
+
 installCleanup();
 const started = new Date();
-log(`starting ${WORKERS} sim workers (CPU 1)`);
-const sims = [];
-for (let i = 0; i < WORKERS; i++) {
-  sims.push(
-    await startSim({
-      cpu: 1,
-      simArgs: ['--ttft-ms', '30', '--tpot-ms', '8', '--kv-cache-tokens', '40000'],
-    }),
-  );
-}
 const conversations = trace();
 log(
   `${conversations.length} conversations over ${DURATION_S} s, about ${RATE} req/s, ${TENANTS} tenants, seed ${SEED}`,
@@ -241,18 +255,12 @@ log(
 const rows = [];
 try {
   for (const policy of opts.policies.split(',')) {
-    // Fresh workers' caches for each policy: restart the sims.
-    if (rows.length > 0) {
-      await stopAll();
-      sims.length = 0;
-      for (let i = 0; i < WORKERS; i++) {
-        sims.push(
-          await startSim({
-            cpu: 1,
-            simArgs: ['--ttft-ms', '30', '--tpot-ms', '8', '--kv-cache-tokens', '40000'],
-          }),
-        );
-      }
+    // Fresh workers (empty caches, the policy's queue order) for each policy.
+    await stopAll();
+    log(`starting ${WORKERS} sim workers (CPU 1)`);
+    const sims = [];
+    for (let i = 0; i < WORKERS; i++) {
+      sims.push(await startSim({ cpu: 1, simArgs: simArgs(policy) }));
     }
     log(`policy ${policy}`);
     rows.push(summarize(policy, await runPolicy(policy, sims, conversations)));
@@ -285,6 +293,14 @@ const out = join(
 mkdirSync(dirname(out), { recursive: true });
 writeFileSync(
   out,
-  JSON.stringify({ started, opts: { RATE, DURATION_S, TENANTS, WORKERS, SEED }, rows }, null, 2),
+  JSON.stringify(
+    {
+      started,
+      opts: { RATE, DURATION_S, TENANTS, WORKERS, SEED, maxRunning: opts['max-running'] || null },
+      rows,
+    },
+    null,
+    2,
+  ),
 );
 log(`results written to ${out}`);

@@ -235,7 +235,7 @@ export class Switchyard implements Policy {
   readonly name: string;
   readonly scorer: WorkerScorer;
   private readonly sized = new Set<string>();
-  private readonly prefillOrder = new PrefillOrder();
+  private readonly prefillOrder: PrefillOrder;
   /** `follow`: per worker, block hash → requests still to compute that block there. */
   private readonly pending = new Map<string, Map<number, Set<PendingPrefill>>>();
 
@@ -250,6 +250,7 @@ export class Switchyard implements Policy {
     private readonly priority?: PriorityRule,
   ) {
     this.name = correct ? 'switchyard' : 'switchyard, no loop';
+    this.prefillOrder = new PrefillOrder(priority?.k || undefined);
     this.scorer = new WorkerScorer({
       index: new PrefixIndex({ blockChars: 64, correct }),
       maxInFlight: MAX_IN_FLIGHT,

@@ -151,8 +151,9 @@ function parsePriority(spec: string): PriorityRule | undefined {
     else throw new Error(`--priority: ${r}?`);
   }
   if (order === 'none') return undefined;
-  if (order === 'classes' && rest.length === 0 && k === undefined) {
-    return { order, k: 0, tierMs: 0, follow: true, deadlineMs: 0 };
+  if (order === 'classes' && rest.length === 0) {
+    // classes:MS sets the cold offset (default: PrefillOrder's).
+    return { order, k: k === undefined ? 0 : Number(k), tierMs: 0, follow: true, deadlineMs: 0 };
   }
   if (order !== 'eft' && order !== 'sjf' && order !== 'lst' && order !== 'hit') {
     throw new Error(`--priority: ${rule}?`);

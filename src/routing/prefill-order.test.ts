@@ -28,7 +28,7 @@ function route(
 const range = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => from + i);
 
 describe('PrefillOrder: warm before cold, arrival order within each', () => {
-  it('a prompt predicted mostly cached keeps its arrival; a cold one goes after every warm one', () => {
+  it('a prompt predicted mostly cached keeps its arrival; a cold one goes after the warm ones of the next 500 ms', () => {
     const order = new PrefillOrder();
     const warm = order.assign(route('w1', range(0, 10), 6), 1_000);
     const cold = order.assign(route('w1', range(100, 110), 2), 900);
@@ -38,6 +38,9 @@ describe('PrefillOrder: warm before cold, arrival order within each', () => {
       warm.priority < cold.priority,
       'the later warm request runs before the earlier cold one',
     );
+    // ... but not one that arrives more than the offset later: a cold request cannot starve.
+    const muchLater = order.assign(route('w3', range(0, 10), 6), 900 + COLD_OFFSET_MS + 1);
+    assert.ok(cold.priority < muchLater.priority);
     // Exactly half the prompt as work is still warm; more is cold.
     assert.equal(order.assign(route('w2', range(0, 10), 5), 5).priority, 5);
     assert.equal(

@@ -11,11 +11,15 @@
  *         (the uncached tokens its prefix index predicts, plus the fixed
  *         per-request overhead τ of score.ts): priority = the arrival time in ms
  *         (the router's clock, Unix epoch, so that several router instances agree);
- *   cold  everything else: arrival + COLD_OFFSET_MS (about 2.8 hours).
+ *   cold  everything else: arrival + COLD_OFFSET_MS (500 ms).
  *
- * Arrival order holds within each class, so no cold prompt overtakes another
- * (shortest-first orders starved long cold prompts in bench/routing: p99.9 from
- * 1.3 s to 2.1–5.6 s, docs/BENCHMARKS.md).
+ * A cold request is overtaken only by warm ones that arrived less than 500 ms after
+ * it, and no cold prompt overtakes another (shortest-first orders starved long cold
+ * prompts in bench/routing: p99.9 from 1.3 s to 2.1–5.6 s). An unbounded offset
+ * (every warm request first) starved cold ones over HTTP when the workers' slots,
+ * not prefill, were the bottleneck: p99 TTFT 3.9 s against 0.7 s in arrival order
+ * (bench/routing/http.mjs --max-running=1); 500 ms was also the best offset in the
+ * simulation (250, 500, 1,000, 2,000 ms and unbounded: docs/ROUTING.md).
  *
  * Follow: the index counts a prompt's blocks as cached on a worker from the moment
  * a request carrying them is sent there, but the engine has them only once that
@@ -26,13 +30,13 @@
  * the cold prefill itself. The router knows this from its own requests in flight;
  * nothing is asked of the worker.
  *
- * Measured in bench/routing (`--priority=classes`, the same rule as `hit,follow`):
- * docs/ROUTING.md, "Queue order at the worker".
+ * Measured in bench/routing (`--priority=classes[:offset]`) and over HTTP
+ * (bench/routing/http.mjs, `+priority`): docs/ROUTING.md, "Queue order at the worker".
  */
 import type { Route } from './score.js';
 
-/** Added to a cold request's arrival: after every warm request of the next hours. */
-export const COLD_OFFSET_MS = 10_000_000;
+/** Added to a cold request's arrival: warm requests of the next 500 ms go first. */
+export const COLD_OFFSET_MS = 500;
 
 /** A request's priority and the call that clears its pending blocks (idempotent). */
 export interface PrefillTicket {
@@ -51,6 +55,8 @@ export class PrefillOrder {
   /** Per worker: block hash → requests still to compute that block there. */
   private readonly pending = new Map<string, Map<number, Set<Pending>>>();
 
+  constructor(private readonly coldOffsetMs = COLD_OFFSET_MS) {}
+
   /**
    * The priority of `route` on its worker, for a request that arrived at `arrivalMs`
    * (epoch ms); its blocks past the predicted hit become pending until `release`.
@@ -59,7 +65,7 @@ export class PrefillOrder {
     const hashes = route.prompt.blocks.hashes;
     const hit = route.prompt.stamps.length;
     const cold = route.workTokens > route.promptTokens / WARM_SHARE;
-    let priority = Math.round(arrivalMs) + (cold ? COLD_OFFSET_MS : 0);
+    let priority = Math.round(arrivalMs) + (cold ? this.coldOffsetMs : 0);
     const byHash = this.pending.get(route.workerId);
     if (!cold && byHash) {
       // Follow the earliest of the requests still computing a block of this
