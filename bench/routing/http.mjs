@@ -21,7 +21,10 @@
  * registers them with `scheduling_policy: priority`, so the router sends each request
  * a `priority` (src/routing/prefill-order.ts) and the sims order their waiting queues
  * by it. `--max-running=N` limits each sim to N sequences at once, so that queues form
- * (without it, the sims run every request at once and order cannot matter).
+ * (without it, the sims run every request at once and order cannot matter);
+ * `--prefill-concurrency=1` makes each sim's prefills share one lane instead, the
+ * contention of an engine whose prefills share a compute budget. `--ttft-ms` (30) sets
+ * the sims' base TTFT, and with it the prefill cost per uncached token (÷ 512).
  *
  * Workers: `--ttft-ms 30` (prefill 30/512 ms per uncached prompt token, so a cold
  * 1,200-token system prompt costs about 100 ms), `--tpot-ms 8`, a 40,000-token KV cache
@@ -51,6 +54,8 @@ const { values: opts } = parseArgs({
     seed: { type: 'string', default: '1' },
     policies: { type: 'string', default: 'least-loaded,score' },
     'max-running': { type: 'string', default: '' },
+    'prefill-concurrency': { type: 'string', default: '' },
+    'ttft-ms': { type: 'string', default: '30' },
   },
 });
 const RATE = Number(opts.rate);
@@ -240,8 +245,9 @@ function summarize(policy, { results, wall }) {
 /** The sims' flags for a policy (`+priority`: ordered queues). */
 function simArgs(policy) {
   return [
-    ...['--ttft-ms', '30', '--tpot-ms', '8', '--kv-cache-tokens', '40000'],
+    ...['--ttft-ms', opts['ttft-ms'], '--tpot-ms', '8', '--kv-cache-tokens', '40000'],
     ...(opts['max-running'] ? ['--max-running', opts['max-running']] : []),
+    ...(opts['prefill-concurrency'] ? ['--prefill-concurrency', opts['prefill-concurrency']] : []),
     ...(policy.endsWith('+priority') ? ['--scheduling-policy', 'priority'] : []),
   ];
 }
@@ -296,7 +302,16 @@ writeFileSync(
   JSON.stringify(
     {
       started,
-      opts: { RATE, DURATION_S, TENANTS, WORKERS, SEED, maxRunning: opts['max-running'] || null },
+      opts: {
+        RATE,
+        DURATION_S,
+        TENANTS,
+        WORKERS,
+        SEED,
+        maxRunning: opts['max-running'] || null,
+        prefillConcurrency: opts['prefill-concurrency'] || null,
+        ttftMs: Number(opts['ttft-ms']),
+      },
       rows,
     },
     null,

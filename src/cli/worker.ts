@@ -7,6 +7,9 @@
  * (workers/registration.ts); `--tier`, `--advertise-url` (default: the listen
  * URL), `--capacity` and `--scheduling-policy` go with the registration.
  *
+ * `--prefill-concurrency N` (sim engine): at most N prefills at once, the others
+ * wait in queue order (1 models an engine whose prefills share one compute budget).
+ *
  * `--scheduling-policy priority` (sim engine): the waiting queue is ordered by the
  * request's `priority`, lower first, as vLLM's flag of the same name; registered
  * with it, the worker gets a `priority` from the router (routing/prefill-order.ts).
@@ -48,6 +51,7 @@ export async function worker(argv: string[]): Promise<number> {
       'advertise-url': { type: 'string' },
       capacity: { type: 'string' },
       'scheduling-policy': { type: 'string', default: 'fcfs' },
+      'prefill-concurrency': { type: 'string' },
     },
     strict: true,
   });
@@ -188,6 +192,14 @@ export async function worker(argv: string[]): Promise<number> {
       ? { kvCacheTokens: num('kv-cache-tokens', values['kv-cache-tokens'], 131_072) }
       : {}),
     schedulingPolicy,
+    ...(values['prefill-concurrency']
+      ? {
+          prefillConcurrency: Math.max(
+            1,
+            Math.floor(num('prefill-concurrency', values['prefill-concurrency'], 1)),
+          ),
+        }
+      : {}),
     tracing,
   });
   process.stdout.write(`switchyard worker (sim) serving ${w.url}\n`);

@@ -598,6 +598,42 @@ describe('scheduling', () => {
     assert.deepEqual(order, ['first', 'none', 'warm', 'warm2', 'cold', 'late']);
   });
 
+  it('prefillConcurrency 1: admitted requests prefill one at a time, in priority order', async () => {
+    const sleep = new ManualSleep();
+    const engine = new SimEngine({
+      ttftMs: 10,
+      tpotMs: 0,
+      prefillMsPerToken: 0,
+      prefillConcurrency: 1,
+      schedulingPolicy: 'priority',
+      sleep: sleep.sleep,
+      clock: sleep.clock,
+    });
+    const firstToken: Record<string, number> = {};
+    const run = (tag: string, priority: number) =>
+      engine.complete(
+        { messages: [user(`${tag} [sim:len=1]`)], priority },
+        { onStep: () => void (firstToken[tag] = sleep.clock.now()) },
+      );
+    const t0 = sleep.clock.now();
+    const all = [run('a', 5), run('b', 9), run('c', 1)];
+    await sleep.settle();
+    // All three are admitted (slots are plenty); one prefill runs, two wait for it.
+    assert.equal(engine.stats().running, 3);
+    await sleep.advance(100);
+    await Promise.all(all);
+    assert.deepEqual(
+      Object.entries(firstToken)
+        .sort((x, y) => x[1] - y[1])
+        .map(([tag, at]) => [tag, at - t0]),
+      [
+        ['a', 10],
+        ['c', 20],
+        ['b', 30],
+      ],
+    );
+  });
+
   it("refuses a priority other than 0 under fcfs, in vLLM's words", () => {
     const engine = new SimEngine();
     const r = engine.prepare({ messages: [user('hi')], priority: 3 });

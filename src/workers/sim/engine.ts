@@ -115,6 +115,13 @@ export interface SimEngineOptions {
   /** Count evictable cached blocks in kv usage (vLLM does not). Default false. */
   kvUsageIncludesCache?: boolean;
   /**
+   * Prefills computed at once. Default unlimited: every admitted sequence prefills on
+   * its own. 1 models an engine whose prefills share one compute budget (vLLM's
+   * per-step token budget): an admitted request waits for the prefills ahead of it,
+   * in the waiting queue's order.
+   */
+  prefillConcurrency?: number;
+  /**
    * Order of the waiting queue, as vLLM's `--scheduling-policy`: `fcfs` (default,
    * arrival; a request `priority` other than 0 is refused) or `priority` (by the
    * request's `priority`, lower first, then arrival).
@@ -138,6 +145,7 @@ export interface ResolvedEngineOptions {
   errorStyle: ErrorStyle;
   kvUsageIncludesCache: boolean;
   schedulingPolicy: 'fcfs' | 'priority';
+  prefillConcurrency: number;
   sleep: Sleep;
   clock: NowClock;
 }
@@ -161,6 +169,7 @@ export function resolveEngineOptions(o: SimEngineOptions = {}): ResolvedEngineOp
     errorStyle: o.errorStyle ?? 'vllm',
     kvUsageIncludesCache: o.kvUsageIncludesCache ?? false,
     schedulingPolicy: o.schedulingPolicy ?? 'fcfs',
+    prefillConcurrency: Math.max(1, o.prefillConcurrency ?? Infinity),
     sleep: o.sleep ?? realSleep,
     clock: o.clock ?? systemClock,
   };
@@ -249,12 +258,26 @@ interface Waiter {
   onAbort(): void;
 }
 
+/**
+ * Queues `w`: at the end (`fcfs`), or by (priority, arrival), lower first (`priority`).
+ * Returns its index.
+ */
+function insertWaiter(queue: Waiter[], w: Waiter, policy: 'fcfs' | 'priority'): number {
+  let i = queue.length;
+  if (policy === 'priority') while (i > 0 && queue[i - 1]!.priority > w.priority) i--;
+  queue.splice(i, 0, w);
+  return i;
+}
+
 export class SimEngine {
   readonly options: ResolvedEngineOptions;
   private readonly cache = new PrefixCache();
   private readonly capacityBlocks: number;
   private readonly queue: Waiter[] = [];
   private arrivals = 0;
+  /** Prefills running, and admitted sequences waiting for one (`prefillConcurrency`). */
+  private prefilling = 0;
+  private readonly prefillQueue: Waiter[] = [];
   private readonly running = new Set<Sequence>();
   private tailBlocks = 0;
   private readonly counters = {
@@ -371,7 +394,12 @@ export class SimEngine {
       hooks.onAdmitted?.(seq.cachedTokens);
       const prefillMs =
         (o.ttftMs + (p.promptTokens - seq.cachedTokens) * o.prefillMsPerToken) * o.slowdown;
-      if (prefillMs > 0) await o.sleep(prefillMs, signal);
+      if (!(await this.prefillSlot(seq, signal))) return result('aborted');
+      try {
+        if (prefillMs > 0) await o.sleep(prefillMs, signal);
+      } finally {
+        this.prefillDone();
+      }
       if (signal?.aborted) return result('aborted');
       this.counters.promptTokens += p.promptTokens;
       const tpot = o.tpotMs * o.slowdown;
@@ -482,15 +510,8 @@ export class SimEngine {
         },
       };
       signal?.addEventListener('abort', waiter.onAbort, { once: true });
-      if (this.options.schedulingPolicy !== 'priority') {
-        this.queue.push(waiter);
-        return;
-      }
-      // By (priority, arrival), lower first; a new head may be admissible at once.
-      let i = this.queue.length;
-      while (i > 0 && this.queue[i - 1]!.priority > waiter.priority) i--;
-      this.queue.splice(i, 0, waiter);
-      if (i === 0) this.drain();
+      // A new head (priority order) may be admissible at once.
+      if (insertWaiter(this.queue, waiter, this.options.schedulingPolicy) === 0) this.drain();
     });
   }
 
@@ -524,6 +545,41 @@ export class SimEngine {
       this.tailBlocks += tail - seq.tail;
       seq.tail = tail;
       this.cache.evictTo(Math.max(0, this.capacityBlocks - this.tailBlocks));
+    }
+  }
+
+  /** Waits for a prefill slot (queue order as the waiting queue's); false if aborted. */
+  private prefillSlot(seq: Sequence, signal: AbortSignal | undefined): Promise<boolean> {
+    if (signal?.aborted) return Promise.resolve(false);
+    if (this.prefilling < this.options.prefillConcurrency && this.prefillQueue.length === 0) {
+      this.prefilling++;
+      return Promise.resolve(true);
+    }
+    return new Promise<boolean>((resolve) => {
+      const waiter: Waiter = {
+        seq,
+        priority: seq.p.priority ?? 0,
+        arrival: this.arrivals++,
+        resolve,
+        signal,
+        onAbort: () => {
+          const i = this.prefillQueue.indexOf(waiter);
+          if (i >= 0) this.prefillQueue.splice(i, 1);
+          resolve(false);
+        },
+      };
+      signal?.addEventListener('abort', waiter.onAbort, { once: true });
+      insertWaiter(this.prefillQueue, waiter, this.options.schedulingPolicy);
+    });
+  }
+
+  private prefillDone(): void {
+    this.prefilling--;
+    while (this.prefilling < this.options.prefillConcurrency && this.prefillQueue.length > 0) {
+      const w = this.prefillQueue.shift()!;
+      w.signal?.removeEventListener('abort', w.onAbort);
+      this.prefilling++;
+      w.resolve(true);
     }
   }
 
