@@ -250,23 +250,11 @@ interface Sequence {
 
 interface Waiter {
   seq: Sequence;
-  /** Queue position under the `priority` policy: (priority, arrival). */
+  /** Queue position under the `priority` policy (ties: arrival, by insertion). */
   priority: number;
-  arrival: number;
   resolve(admitted: boolean): void;
   signal: AbortSignal | undefined;
   onAbort(): void;
-}
-
-/**
- * Queues `w`: at the end (`fcfs`), or by (priority, arrival), lower first (`priority`).
- * Returns its index.
- */
-function insertWaiter(queue: Waiter[], w: Waiter, policy: 'fcfs' | 'priority'): number {
-  let i = queue.length;
-  if (policy === 'priority') while (i > 0 && queue[i - 1]!.priority > w.priority) i--;
-  queue.splice(i, 0, w);
-  return i;
 }
 
 export class SimEngine {
@@ -274,7 +262,6 @@ export class SimEngine {
   private readonly cache = new PrefixCache();
   private readonly capacityBlocks: number;
   private readonly queue: Waiter[] = [];
-  private arrivals = 0;
   /** Prefills running, and admitted sequences waiting for one (`prefillConcurrency`). */
   private prefilling = 0;
   private readonly prefillQueue: Waiter[] = [];
@@ -495,24 +482,43 @@ export class SimEngine {
       return Promise.resolve(true);
     }
     return new Promise<boolean>((resolve) => {
-      const waiter: Waiter = {
-        seq,
-        priority: seq.p.priority ?? 0,
-        arrival: this.arrivals++,
-        resolve,
-        signal,
-        onAbort: () => {
-          const i = this.queue.indexOf(waiter);
-          if (i >= 0) this.queue.splice(i, 1);
-          resolve(false);
-          // The head may have been blocking others behind it.
-          this.drain();
-        },
-      };
-      signal?.addEventListener('abort', waiter.onAbort, { once: true });
-      // A new head (priority order) may be admissible at once.
-      if (insertWaiter(this.queue, waiter, this.options.schedulingPolicy) === 0) this.drain();
+      // An abort may unblock the ones behind the head; a new head may fit at once.
+      const at = this.enqueue(this.queue, seq, signal, resolve, () => this.drain());
+      if (at === 0) this.drain();
     });
+  }
+
+  /**
+   * Queues `seq` in `queue` (at the end under `fcfs`, by (priority, arrival) under
+   * `priority`) until `resolve` is called with true; an abort takes it out, resolves
+   * false and runs `afterAbort`. Returns its index.
+   */
+  private enqueue(
+    queue: Waiter[],
+    seq: Sequence,
+    signal: AbortSignal | undefined,
+    resolve: (admitted: boolean) => void,
+    afterAbort?: () => void,
+  ): number {
+    const waiter: Waiter = {
+      seq,
+      priority: seq.p.priority ?? 0,
+      resolve,
+      signal,
+      onAbort: () => {
+        const i = queue.indexOf(waiter);
+        if (i >= 0) queue.splice(i, 1);
+        resolve(false);
+        afterAbort?.();
+      },
+    };
+    signal?.addEventListener('abort', waiter.onAbort, { once: true });
+    let i = queue.length;
+    if (this.options.schedulingPolicy === 'priority') {
+      while (i > 0 && queue[i - 1]!.priority > waiter.priority) i--;
+    }
+    queue.splice(i, 0, waiter);
+    return i;
   }
 
   private drain(): void {
@@ -556,20 +562,7 @@ export class SimEngine {
       return Promise.resolve(true);
     }
     return new Promise<boolean>((resolve) => {
-      const waiter: Waiter = {
-        seq,
-        priority: seq.p.priority ?? 0,
-        arrival: this.arrivals++,
-        resolve,
-        signal,
-        onAbort: () => {
-          const i = this.prefillQueue.indexOf(waiter);
-          if (i >= 0) this.prefillQueue.splice(i, 1);
-          resolve(false);
-        },
-      };
-      signal?.addEventListener('abort', waiter.onAbort, { once: true });
-      insertWaiter(this.prefillQueue, waiter, this.options.schedulingPolicy);
+      this.enqueue(this.prefillQueue, seq, signal, resolve);
     });
   }
 
