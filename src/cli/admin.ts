@@ -16,6 +16,7 @@ const USAGE = `usage: switchyard admin [--url URL] [--token T] [--json] <resourc
   model create --name N --context-window W [--capability C ...] [--owned-by O]
   model list
   worker add --model M --tier free|cpu|gpu|self_hosted --worker-url http://host:port/v1 [--id ID]
+             [--scheduling-policy fcfs|priority]
   worker list
   worker remove ID
   endpoint create --project P --slug S --name N --model M --tier T [--max-rpm N] [--max-tpm N]
@@ -135,6 +136,7 @@ export async function admin(argv: string[]): Promise<number> {
         model: { type: 'string' },
         tier: { type: 'string' },
         'worker-url': { type: 'string' },
+        'scheduling-policy': { type: 'string' },
         id: { type: 'string' },
         project: { type: 'string' },
         'max-rpm': { type: 'string' },
@@ -231,8 +233,9 @@ export async function admin(argv: string[]): Promise<number> {
           tier: need('tier', o.tier),
           url: need('worker-url', o['worker-url']),
           ...(o.id ? { id: o.id } : {}),
+          ...(o['scheduling-policy'] ? { scheduling_policy: o['scheduling-policy'] } : {}),
         });
-        human = record(['id', 'model', 'tier', 'url', 'status']);
+        human = record(['id', 'model', 'tier', 'url', 'scheduling_policy', 'status']);
         break;
       case 'worker list':
         result = await call(ctx, 'GET', '/workers');

@@ -85,6 +85,28 @@ describe('first run of switchyard serve', () => {
     const human = await runSwitchyard(['admin', 'project', 'list'], adminEnv);
     assert.equal(human.code, 0, human.stderr);
     assert.match(human.stdout, /scripted/);
+    const worker = await runSwitchyard(
+      [
+        'admin',
+        '--json',
+        'worker',
+        'add',
+        '--model',
+        'scripted-model',
+        '--tier',
+        'cpu',
+        '--worker-url',
+        'http://127.0.0.1:9/v1',
+        '--scheduling-policy',
+        'priority',
+      ],
+      adminEnv,
+    );
+    assert.equal(worker.code, 0, worker.stderr);
+    assert.equal(
+      (JSON.parse(worker.stdout) as { scheduling_policy: string }).scheduling_policy,
+      'priority',
+    );
     const bad = await runSwitchyard(['admin', 'project', 'create', '--slug', 'Bad_Slug'], adminEnv);
     assert.equal(bad.code, 1);
     assert.match(bad.stderr, /invalid_body: .*\(param: slug\)/);
