@@ -22,8 +22,11 @@ import { issueToError, parseField } from '../http/validate.js';
 export const MAX_EMBEDDING_INPUTS = 2048;
 export const MAX_RERANK_DOCUMENTS = 1000;
 
-/** Fields the router keeps; every other field is forwarded to the worker unchanged. */
-export const ROUTER_ONLY_FIELDS = ['user', 'metadata'] as const;
+/**
+ * Fields the router keeps; every other field is forwarded to the worker unchanged.
+ * `priority` orders a vLLM worker's queue: one tenant's own would jump the others'.
+ */
+export const ROUTER_ONLY_FIELDS = ['user', 'metadata', 'priority'] as const;
 
 const tokenIds = z.array(z.number().int().min(0)).min(1, 'must not be empty');
 const nonEmpty = z.string().min(1, 'must not be empty');

@@ -160,6 +160,23 @@ describe('embeddings with the OpenAI SDK', () => {
     assert.match(err.message, /maximum context length/);
   });
 
+  it("does not forward a client's priority (the fcfs sim, as vLLM, would refuse it)", async () => {
+    const direct = await fetch(`${f.worker.url}/embeddings`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'x', input: 'hi', priority: 3 }),
+    });
+    assert.equal(direct.status, 400);
+    assert.match(await direct.text(), /Priority scheduling is not enabled/);
+    const r = await f.client.embeddings.create({
+      model: 'x',
+      input: 'hi',
+      // @ts-expect-error: vLLM's extension, not in OpenAI's types
+      priority: 3,
+    });
+    assert.equal(r.data.length, 1);
+  });
+
   it('writes a usage record per request with the prompt tokens', async () => {
     await f.server.services.usage.flush();
     const before = (await f.server.services.store.db.select().from(tables.usageRecords)).length;

@@ -300,19 +300,9 @@ export class SimEngine {
         ),
       };
     }
-    const priority = request.priority ?? 0;
-    if (priority !== 0 && o.schedulingPolicy !== 'priority') {
-      // vLLM's own check (its scheduler only orders by priority under that policy).
-      return {
-        ok: false,
-        error: simError(
-          o.errorStyle,
-          400,
-          `Got priority ${priority} but Priority scheduling is not enabled.`,
-          'priority',
-        ),
-      };
-    }
+    const checked = this.checkPriority(request.priority);
+    if (!checked.ok) return checked;
+    const priority = checked.priority;
     const promptText = renderPrompt(request.messages, request.tools);
     const tp = tokenizePrompt(promptText, o.blockSize);
     const requested = request.max_completion_tokens ?? request.max_tokens ?? undefined;
@@ -406,8 +396,38 @@ export class SimEngine {
    * A pooling request of `promptTokens` tokens (embeddings, rerank, score): the same
    * queue and slots as generation, one prefill, no decode steps, no cached blocks.
    */
-  runPooling(promptTokens: number, hooks: RunHooks = {}): Promise<RunResult> {
-    return this.run({ promptTokens, blockKeys: [], plans: [], steps: 0 }, hooks);
+  runPooling(promptTokens: number, hooks: RunHooks = {}, priority = 0): Promise<RunResult> {
+    return this.run({ promptTokens, blockKeys: [], plans: [], steps: 0, priority }, hooks);
+  }
+
+  /**
+   * A request's `priority` as vLLM reads it, for chat and pooling requests alike: an
+   * integer, 0 when absent; any other value needs the `priority` scheduling policy.
+   */
+  checkPriority(
+    value: unknown,
+  ): { ok: true; priority: number } | { ok: false; error: SimHttpError } {
+    const o = this.options;
+    if (value === undefined || value === null) return { ok: true, priority: 0 };
+    if (typeof value !== 'number' || !Number.isSafeInteger(value)) {
+      return {
+        ok: false,
+        error: simError(o.errorStyle, 400, 'priority must be an integer', 'priority'),
+      };
+    }
+    if (value !== 0 && o.schedulingPolicy !== 'priority') {
+      // vLLM's own check (its scheduler orders by priority only under that policy).
+      return {
+        ok: false,
+        error: simError(
+          o.errorStyle,
+          400,
+          `Got priority ${value} but Priority scheduling is not enabled.`,
+          'priority',
+        ),
+      };
+    }
+    return { ok: true, priority: value };
   }
 
   /** prepare + run + the non-streaming response body; `response` is null if aborted. */

@@ -102,6 +102,8 @@ const POOLING_ROUTES: ReadonlyMap<string, PoolingTask> = new Map([
 /** A checked pooling request: its prompt tokens and how to answer it once run. */
 interface PoolingJob {
   promptTokens: number;
+  /** vLLM's request `priority` (engine.checkPriority). */
+  priority: number;
   respond(meta: PoolingMeta): unknown;
 }
 
@@ -250,23 +252,30 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
   /** A checked request as the job `handlePooling` runs: its prompt size and its answer. */
   function pooled<J extends { promptTokens: number }>(
     c: Checked<J>,
+    priority: number,
     respond: (job: J, meta: PoolingMeta) => unknown,
   ): { ok: true; job: PoolingJob } | { ok: false; error: SimHttpError } {
     if (!c.ok) return c;
     const job = c.value;
     return {
       ok: true,
-      job: { promptTokens: job.promptTokens, respond: (meta) => respond(job, meta) },
+      job: { promptTokens: job.promptTokens, priority, respond: (meta) => respond(job, meta) },
     };
   }
 
   function checkPooling(task: PoolingTask, body: unknown) {
+    const p = engine.checkPriority(
+      typeof body === 'object' && body !== null
+        ? (body as { priority?: unknown }).priority
+        : undefined,
+    );
+    if (!p.ok) return p;
     if (task === 'embeddings') {
       const c = checkEmbeddings(body, { style, dim: embeddingDim, contextWindow: o.contextWindow });
-      return pooled(c, (job, meta) => embeddingsResponse(job, embeddingDim, meta));
+      return pooled(c, p.priority, (job, meta) => embeddingsResponse(job, embeddingDim, meta));
     }
-    if (task === 'rerank') return pooled(checkRerank(body, style), rerankResponse);
-    return pooled(checkScore(body, style), scoreResponse);
+    if (task === 'rerank') return pooled(checkRerank(body, style), p.priority, rerankResponse);
+    return pooled(checkScore(body, style), p.priority, scoreResponse);
   }
 
   /** The request body as JSON, or null after answering 400 when it is not JSON. */
@@ -308,7 +317,11 @@ export function createSimHandler(engine: SimEngine, opts: SimWorkerOptions = {})
     res.on('close', () => {
       if (!res.writableFinished) ac.abort();
     });
-    const result = await engine.runPooling(checked.job.promptTokens, { signal: ac.signal });
+    const result = await engine.runPooling(
+      checked.job.promptTokens,
+      { signal: ac.signal },
+      checked.job.priority,
+    );
     if (result.status !== 'completed') return;
     const h = req.headers['x-request-id'];
     const given = Array.isArray(h) ? h[0] : h;
