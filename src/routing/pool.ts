@@ -217,6 +217,7 @@ export class WorkerPool {
     this.acquire(chosen.id);
     if (chosen.schedulingPolicy !== 'priority') return { worker: chosen, route, released: false };
     const ticket = this.prefillOrder.assign(route, now);
+    this.metrics?.workerPriorityClass.inc({ worker: chosen.id, class: ticket.class });
     return {
       worker: chosen,
       route,

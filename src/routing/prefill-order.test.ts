@@ -34,6 +34,7 @@ describe('PrefillOrder: warm before cold, arrival order within each', () => {
     const cold = order.assign(route('w1', range(100, 110), 2), 900);
     assert.equal(warm.priority, 1_000);
     assert.equal(cold.priority, 900 + COLD_OFFSET_MS);
+    assert.deepEqual([warm.class, cold.class], ['warm', 'cold']);
     assert.ok(
       warm.priority < cold.priority,
       'the later warm request runs before the earlier cold one',
@@ -65,6 +66,7 @@ describe('PrefillOrder: follow the request that will compute the hit', () => {
     assert.equal(order.pendingBlocks('w1'), 10);
     // The index already predicts blocks 0..7 cached for the next one.
     const follower = order.assign(route('w1', range(0, 10), 8), 150);
+    assert.equal(follower.class, 'follow');
     assert.equal(
       follower.priority,
       provider.priority,

@@ -41,6 +41,8 @@ export const COLD_OFFSET_MS = 500;
 /** A request's priority and the call that clears its pending blocks (idempotent). */
 export interface PrefillTicket {
   priority: number;
+  /** `follow`: warm, queued after the prefill its hit waits for. */
+  class: 'warm' | 'cold' | 'follow';
   release(): void;
 }
 
@@ -66,6 +68,7 @@ export class PrefillOrder {
     const hit = route.prompt.stamps.length;
     const cold = route.workTokens > route.promptTokens / WARM_SHARE;
     let priority = Math.round(arrivalMs) + (cold ? this.coldOffsetMs : 0);
+    let cls: PrefillTicket['class'] = cold ? 'cold' : 'warm';
     const byHash = this.pending.get(route.workerId);
     if (!cold && byHash) {
       // Follow the earliest of the requests still computing a block of this
@@ -75,9 +78,12 @@ export class PrefillOrder {
         const set = byHash.get(hashes[i]!);
         if (set) for (const p of set) if (p.priority < provider) provider = p.priority;
       }
-      if (provider !== Infinity && provider > priority) priority = provider;
+      if (provider !== Infinity && provider > priority) {
+        priority = provider;
+        cls = 'follow';
+      }
     }
-    if (hit >= hashes.length) return { priority, release: () => {} };
+    if (hit >= hashes.length) return { priority, class: cls, release: () => {} };
     const rec: Pending = { priority };
     const map = byHash ?? new Map<number, Set<Pending>>();
     if (!byHash) this.pending.set(route.workerId, map);
@@ -90,6 +96,7 @@ export class PrefillOrder {
     let done = false;
     return {
       priority,
+      class: cls,
       release: () => {
         if (done) return;
         done = true;

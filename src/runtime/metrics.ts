@@ -72,6 +72,12 @@ export class Metrics {
     labelNames: ['worker'] as const,
     registers: [this.registry],
   });
+  readonly workerPriorityClass = new Counter({
+    name: 'switchyard_worker_priority_class_total',
+    help: 'Requests sent a priority-scheduling worker, by queue class: warm, cold, or follow (a warm request queued after the prefill its hit waits for).',
+    labelNames: ['worker', 'class'] as const,
+    registers: [this.registry],
+  });
   readonly workerScrapeFailures = new Counter({
     name: 'switchyard_worker_scrape_failures_total',
     help: "Failed scrapes of a worker's /metrics by reason (unreachable, status, no_signals).",
@@ -261,6 +267,7 @@ export class Metrics {
     }
     this.workerTtft.remove({ worker: id });
     this.workerTpot.remove({ worker: id });
+    for (const cls of PRIORITY_CLASSES) this.workerPriorityClass.remove({ worker: id, class: cls });
     for (const reason of SCRAPE_FAILURE_REASONS) {
       this.workerScrapeFailures.remove({ worker: id, reason });
     }
@@ -275,6 +282,9 @@ export class Metrics {
 }
 
 export const SCRAPE_FAILURE_REASONS = ['unreachable', 'status', 'no_signals'] as const;
+
+/** The queue classes of routing/prefill-order.ts. */
+export const PRIORITY_CLASSES = ['warm', 'cold', 'follow'] as const;
 
 export interface WorkerGaugeRow {
   worker: string;

@@ -468,6 +468,19 @@ describe('queue order at a worker with scheduling_policy priority', () => {
       const [, , w] = await drive(setup_.s.clock, [blocker, cold, warm], 50);
       const usage = w!.body.usage as { prompt_tokens_details: { cached_tokens: number } };
       assert.ok(usage.prompt_tokens_details.cached_tokens > 1000, 'the warm prompt hit the cache');
+      // The classes the router sent, on its /metrics (only for a priority worker).
+      const m = await http('GET', `${setup_.s.url}/metrics`);
+      const sent = (cls: string) =>
+        Number(
+          new RegExp(
+            `^switchyard_worker_priority_class_total\\{worker="w-0",class="${cls}"\\} (\\d+)`,
+            'm',
+          ).exec(m.text)?.[1] ?? 0,
+        );
+      assert.deepEqual(
+        [sent('warm'), sent('cold'), sent('follow')],
+        policy === 'priority' ? [1, 3, 0] : [0, 0, 0], // cold: the warm-up, the blocker, the cold one
+      );
       return done;
     };
     assert.deepEqual(await order('priority'), ['blocker', 'warm', 'cold']);
