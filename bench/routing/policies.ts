@@ -217,8 +217,9 @@ export class LlmdDefault implements Policy {
 const COLD_CLASS_MS = 1e7;
 
 export interface PriorityRule {
-  /** `classes`: the live router's PrefillOrder (src/routing/prefill-order.ts); k, tierMs, follow unused. */
+  /** `classes`: the live router's PrefillOrder (src/routing/prefill-order.ts); tierMs, follow unused. */
   order: 'eft' | 'sjf' | 'lst' | 'hit' | 'classes';
+  /** The rule's weight; for `classes`, the cold offset in ms (0: PrefillOrder's own). */
   k: number;
   tierMs: number;
   follow: boolean;
@@ -250,7 +251,9 @@ export class Switchyard implements Policy {
     private readonly priority?: PriorityRule,
   ) {
     this.name = correct ? 'switchyard' : 'switchyard, no loop';
-    this.prefillOrder = new PrefillOrder(priority?.k || undefined);
+    this.prefillOrder = new PrefillOrder(
+      priority?.order === 'classes' && priority.k > 0 ? priority.k : undefined,
+    );
     this.scorer = new WorkerScorer({
       index: new PrefixIndex({ blockChars: 64, correct }),
       maxInFlight: MAX_IN_FLIGHT,

@@ -28,8 +28,8 @@
  *     the request's X-SLO-TTFT-Ms, or D ms without one; `lst:0` is deadline first), or
  *     `hit[:K]` (two classes in arrival order: requests predicted to hit more than
  *     1 − 1/K of their prompt, K = 2 by default, before the others), or
- *     `classes` (the live router's rule, src/routing/prefill-order.ts: `hit` with `follow`
- *     with integer priorities: arrival, plus 10⁷ ms when cold), or
+ *     `classes[:MS]` (the live router's rule, src/routing/prefill-order.ts: `hit` with
+ *     `follow` as integer priorities, arrival plus MS when cold, 500 by default), or
  *     `none` (ordered queues, no priority sent: prints the same as no flag). `tier:X`:
  *     service_tier `priority` sorts X ms earlier, `flex` X ms later; `follow`: a request
  *     whose predicted hit another request still has to prefill sorts no earlier than
