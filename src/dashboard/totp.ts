@@ -18,8 +18,20 @@
  * anything else is refused before any HMAC is computed. Time comes only from
  * the arguments, so tests and callers with an injected clock agree on it.
  */
-import { generateSync, generateURI, ScureBase32Plugin, verifySync } from 'otplib';
 import { randomBytes } from 'node:crypto';
+import { createRequire } from 'node:module';
+import type * as Otplib from 'otplib';
+
+/**
+ * otplib, loaded at the first TOTP operation: a router whose dashboard nobody
+ * enrols in never needs it, and it is 1.0 MiB of V8 heap (idle router, heap used
+ * after two collections; docs/BENCHMARKS.md). Its CommonJS build is the same API.
+ */
+let otplibModule: typeof Otplib | null = null;
+function otplib(): typeof Otplib {
+  otplibModule ??= createRequire(import.meta.url)('otplib') as typeof Otplib;
+  return otplibModule;
+}
 
 const PARAMS = { algorithm: 'sha1', digits: 6, period: 30 } as const;
 const PERIOD_MS = PARAMS.period * 1000;
@@ -28,11 +40,9 @@ const SECRET_BYTES = 20;
 const DRIFT_STEPS = 1;
 const CODE_PATTERN = /^[0-9]{6}$/;
 
-const base32 = new ScureBase32Plugin();
-
 /** A new secret: 20 random bytes in unpadded base32 (32 characters). */
 export function newTotpSecret(random: (n: number) => Buffer = randomBytes): string {
-  return base32.encode(random(SECRET_BYTES), { padding: false });
+  return new (otplib().ScureBase32Plugin)().encode(random(SECRET_BYTES), { padding: false });
 }
 
 /**
@@ -44,7 +54,7 @@ export function totpUri(secret: string, account: string, issuer = 'Switchyard'):
   if (issuer.includes(':') || account.includes(':')) {
     throw new Error('a TOTP issuer or account name cannot contain ":"');
   }
-  return generateURI({ strategy: 'totp', issuer, label: account, secret, ...PARAMS });
+  return otplib().generateURI({ strategy: 'totp', issuer, label: account, secret, ...PARAMS });
 }
 
 /** The time step a Unix time in milliseconds falls in. */
@@ -59,7 +69,7 @@ function epochSeconds(ms: number): number {
 
 /** The code for the step `atMs` falls in (tests and tooling; never shown to users). */
 export function totpCode(secret: string, atMs: number): string {
-  return generateSync({ strategy: 'totp', secret, epoch: epochSeconds(atMs), ...PARAMS });
+  return otplib().generateSync({ strategy: 'totp', secret, epoch: epochSeconds(atMs), ...PARAMS });
 }
 
 export type TotpVerification = { ok: true; step: number } | { ok: false };
@@ -81,7 +91,7 @@ export function verifyTotp(
   // otplib rejects an `afterTimeStep` beyond its window rather than answering
   // no; every step in the window is then already used.
   if (lastUsedStep !== null && lastUsedStep >= newest) return { ok: false };
-  const result = verifySync({
+  const result = otplib().verifySync({
     strategy: 'totp',
     secret,
     token,

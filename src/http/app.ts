@@ -23,6 +23,7 @@ import { conversationRoutes } from '../conversations/routes.js';
 import { fileRoutes } from '../files/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
+import { lazySchemaCompilers } from './schema-compilers.js';
 import { keyRoutes } from '../keys/routes.js';
 import { webhookRoutes } from '../webhooks/routes.js';
 import { execRoutes } from '../exec/routes.js';
@@ -150,6 +151,8 @@ export async function buildApp(
     // neither the error envelope nor X-Request-ID.
     return503OnClosing: false,
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
+    // Ajv and fast-json-stringify load only if a route ever declares a schema.
+    schemaController: lazySchemaCompilers,
     // Paths Fastify refuses before routing (bad percent-encoding, an over-long
     // segment) run no hooks: production's rules are applied here as well.
     frameworkErrors: (err, request, reply) => {
