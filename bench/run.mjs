@@ -22,6 +22,8 @@
  *   --profile-rate=N
  *               with --profile: drive the router with the open-loop client at N
  *               req/s instead of wrk (where the time goes below saturation)
+ *   --profile-stream
+ *               with --profile: send `stream: true` requests (the SSE path)
  *   --no-floor  skip the floor: a pass-through Node proxy with no logic (lib/floor-proxy.mjs),
  *               pinned to CPU 0 like the router, which otherwise runs every phase too,
  *               to show what the extra HTTP hop alone costs on this machine that day
@@ -90,6 +92,7 @@ const { values: opts } = parseArgs({
     nice: { type: 'string', default: '0' },
     storage: { type: 'string', default: 'pglite' },
     'profile-rate': { type: 'string' },
+    'profile-stream': { type: 'boolean', default: false },
     'router-node-args': { type: 'string', default: '' },
     peer: { type: 'boolean', default: true },
     floor: { type: 'boolean', default: true },
@@ -642,11 +645,12 @@ async function profile() {
     ...opts['router-node-args'].split(' ').filter(Boolean),
   ]);
   try {
+    const body = opts['profile-stream'] ? STREAM_BODY : BODY;
     log(`profiling the router under wrk load: warm-up ${P.wrkWarmupS} s, then ${PROFILE_LOAD_S} s`);
     const args = {
       cpu: LOAD_CPU,
       url: env.routed.url,
-      body: BODY,
+      body,
       authorization: env.routed.headers.authorization,
       connections: WRK_CONNECTIONS,
     };
@@ -659,7 +663,7 @@ async function profile() {
           {
             url: env.routed.url,
             headers: env.routed.headers,
-            body: BODY,
+            body,
             rate,
             durationS: PROFILE_LOAD_S,
             warmupS: 0,
