@@ -6,6 +6,9 @@
  *   a short pass in plain code then checks the rules that span fields (tool messages
  *   need `tool_call_id`, `top_logprobs` needs `logprobs: true`, `n > 1` cannot stream,
  *   content part types allowed per role, `tool_choice` must name a declared tool, ...).
+ *   A body of the common shapes that the schema would accept unchanged is recognised by
+ *   a one-pass check in plain code instead (request-fast.ts; the hot path), with the
+ *   same result; the schema still judges every other body and words every error.
  * - The first problem becomes a `ServiceError`: status 400, type `invalid_request_error`,
  *   a stable code and `param` naming the field the way OpenAI does
  *   (`messages[2].tool_call_id`, `stop[1]`, `metadata.somekey`):
@@ -27,6 +30,7 @@
  */
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
+import { conforms } from './request-fast.js';
 
 // ---------------------------------------------------------------------------------------
 // Wire types (messages, tools and formats keep their wire names: they are forwarded and
@@ -249,7 +253,8 @@ const metadataSchema = z
     message: `at most ${MAX_METADATA_PAIRS} key-value pairs are allowed`,
   });
 
-const requestSchema = z.object({
+/** Exported for request-fast.test.ts, which holds `conforms` to it. */
+export const requestSchema = z.object({
   model: z.string().min(1),
   messages: z.array(messageSchema).min(1),
   max_tokens: positiveInt.nullish(),
@@ -286,6 +291,9 @@ const requestSchema = z.object({
   x_exec: z.boolean().nullish(),
 });
 
+/** What the schema returns for a valid body (and what request-fast.ts's `conforms` vouches for). */
+export type RequestData = z.output<typeof requestSchema>;
+
 // Compile-time proof that the schemas produce the exported wire types.
 const _messageCheck: z.ZodType<ChatMessage> = messageSchema;
 const _toolCheck: z.ZodType<ToolDefinition> = toolSchema;
@@ -312,9 +320,16 @@ const PARTS_BY_ROLE: Readonly<Record<Role, ReadonlySet<ContentPart['type']>>> = 
  * @throws ServiceError (400, invalid_request_error) on the first problem found.
  */
 export function parseChatRequest(body: unknown): ChatRequest {
-  const parsed = requestSchema.safeParse(body, { reportInput: true });
-  if (!parsed.success) throw issueToError(parsed.error.issues[0]!, []);
-  const d = parsed.data;
+  // The common valid body skips zod (request-fast.ts); anything else, every error
+  // included, is the schema's to judge.
+  let d: RequestData;
+  if (conforms(body)) {
+    d = body;
+  } else {
+    const parsed = requestSchema.safeParse(body, { reportInput: true });
+    if (!parsed.success) throw issueToError(parsed.error.issues[0]!, []);
+    d = parsed.data;
+  }
 
   checkMessages(d.messages);
 
