@@ -11,7 +11,13 @@ import { pathToFileURL } from 'node:url';
 import { Client } from 'undici';
 import { summarize } from './stats.mjs';
 
-/** @param {{url: string, headers?: Record<string,string>, body: string, requests: number, warmup?: number}} o */
+/**
+ * `warmup` requests first, unmeasured, but for at most `warmupMaxS` seconds: the
+ * router's SSE path needs a few thousand sequential streams before V8's optimising
+ * compiler is done with it, which a slow peer would take minutes to serve.
+ * @param {{url: string, headers?: Record<string,string>, body: string, requests: number,
+ *   warmup?: number, warmupMaxS?: number}} o
+ */
 export async function runTtfb(o) {
   const u = new URL(o.url);
   const client = new Client(u.origin, { keepAliveTimeout: 60_000 });
@@ -25,9 +31,12 @@ export async function runTtfb(o) {
   const firstByte = [];
   const total = [];
   let errors = 0;
-  const warmup = o.warmup ?? 0;
+  let warmup = o.warmup ?? 0;
+  const warmupEnd = performance.now() + (o.warmupMaxS ?? Infinity) * 1000;
   try {
     for (let i = 0; i < warmup + o.requests; i++) {
+      // Warm-up time is up: what is left of it is not sent.
+      if (i < warmup && performance.now() > warmupEnd) warmup = i;
       const t = performance.now();
       let tFirst = null;
       let tail = '';
