@@ -8,7 +8,7 @@
  * `npm run bench:gc`, which counts the scavenges that this garbage causes.
  *
  *   node bench/alloc.mjs [--rate=500] [--seconds=6] [--stream] [--storage=postgres|pglite]
- *     [--top=30] [--survivors] [--idle]
+ *     [--top=30] [--survivors] [--idle] [--router-node-args="..."]
  *
  * `--survivors` leaves out what young-generation GCs collect: what remains outlived a
  * scavenge (or was still alive at the end), the bytes each scavenge has to copy.
@@ -34,6 +34,7 @@ const { values: opts } = parseArgs({
     survivors: { type: 'boolean', default: false },
     storage: { type: 'string', default: 'postgres' },
     top: { type: 'string', default: '30' },
+    'router-node-args': { type: 'string', default: '' },
   },
 });
 installCleanup();
@@ -43,7 +44,7 @@ const sampler = fileURLToPath(new URL('./lib/alloc-sampler.mjs', import.meta.url
 const stack = await startStack({
   name: 'alloc',
   storage: opts.storage,
-  routerNodeArgs: [`--import=${sampler}`],
+  routerNodeArgs: [`--import=${sampler}`, ...opts['router-node-args'].split(' ').filter(Boolean)],
   routerEnv: {
     SWITCHYARD_ALLOC_PROFILE: file,
     SWITCHYARD_ALLOC_SURVIVORS: opts.survivors ? '1' : '0',
