@@ -1,10 +1,10 @@
 /**
  * `conforms` (request-fast.ts) against the zod schema it stands in for: whenever it
  * says yes, the schema accepts the body and returns the same value for every field
- * it declares. Bodies come from a generator of valid requests of every shape the
- * fast path covers, and from those bodies with one slot changed: a value replaced
- * (wrong types, values at and just past each bound, enumeration neighbours), a key
- * removed, or an unknown key added to a nested object.
+ * it declares. Bodies come from generators (valid requests of every shape the fast
+ * path covers; those with one field, or one nested field, bent just outside its rule;
+ * those with one slot replaced, removed or given an unknown key beside it) and, for
+ * every slot of one rich valid body, from each of those changes in turn.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -48,31 +48,28 @@ const message = fc.record(
   },
   { requiredKeys: ['role'] },
 );
-const tool = fc.record({
-  type: fc.constant('function'),
-  function: fc.record(
-    {
-      name: fc.string({ minLength: 1, maxLength: 8 }),
-      description: text,
-      parameters: objectOf,
-      strict: nullable(fc.boolean()),
-    },
-    { requiredKeys: ['name'] },
-  ),
-});
+const toolFunction = fc.record(
+  {
+    name: fc.string({ minLength: 1, maxLength: 8 }),
+    description: text,
+    parameters: objectOf,
+    strict: nullable(fc.boolean()),
+  },
+  { requiredKeys: ['name'] },
+);
+const tool = fc.record({ type: fc.constant('function'), function: toolFunction });
 const toolChoice = fc.oneof(
   fc.constantFrom('auto', 'none', 'required'),
   fc.record({ type: fc.constant('function'), function: fc.record({ name: text }) }),
 );
+const jsonSchema = fc.record(
+  { name: text, description: text, schema: objectOf, strict: nullable(fc.boolean()) },
+  { requiredKeys: ['name'] },
+);
+const jsonSchemaFormat = fc.record({ type: fc.constant('json_schema'), json_schema: jsonSchema });
 const responseFormat = fc.oneof(
   fc.record({ type: fc.constantFrom('text', 'json_object') }),
-  fc.record({
-    type: fc.constant('json_schema'),
-    json_schema: fc.record(
-      { name: text, description: text, schema: objectOf, strict: nullable(fc.boolean()) },
-      { requiredKeys: ['name'] },
-    ),
-  }),
+  jsonSchemaFormat,
 );
 const unit = (min: number, max: number) => fc.double({ min, max, noNaN: true });
 
@@ -130,84 +127,88 @@ const validBody = fc.record(
   { requiredKeys: ['model', 'messages'] },
 );
 
-/** `a`, or now and then one of `odd`: values at and just past the field's rules. */
-function edge<T>(a: fc.Arbitrary<T>, ...odd: Json[]): fc.Arbitrary<Json> {
-  return fc.oneof({ arbitrary: a as fc.Arbitrary<Json>, weight: 3 }, fc.constantFrom(...odd));
-}
-/** A record of `fields`, sometimes with a key the schema does not declare. */
-function nearRecord(fields: Record<string, fc.Arbitrary<Json>>, required: string[]) {
+type Rec = Record<string, Json>;
+
+/**
+ * A record from `valid` with exactly one thing wrong: one field replaced by a value
+ * from `odd`, or a key the schema does not declare added.
+ */
+function bent(valid: fc.Arbitrary<unknown>, odd: Record<string, fc.Arbitrary<Json>>) {
+  const keys = [...Object.keys(odd), 'zz_unknown'];
   return fc
-    .tuple(fc.record(fields, { requiredKeys: required }), fc.option(fc.constant(1)))
-    .map(([o, extra]) => (extra === null ? o : { ...o, zz_unknown: extra }));
+    .tuple(valid as fc.Arbitrary<Rec>, fc.constantFrom(...keys))
+    .chain(([o, k]) =>
+      k === 'zz_unknown'
+        ? fc.constant<Json>({ ...o, zz_unknown: 1 })
+        : odd[k]!.map((v): Json => ({ ...o, [k]: v })),
+    );
 }
-const nearText = edge(text, null, 5, ['x']);
-const nearTextPart = nearRecord(
-  { type: edge(fc.constant('text'), 'refusal', 'txt'), text: nearText },
-  ['type'],
-);
-const nearPart = fc.oneof(
-  nearTextPart,
-  nearRecord(
-    {
-      type: fc.constant('image_url'),
-      image_url: nearRecord({ url: nearText, detail: nearText }, []),
-    },
-    ['type'],
-  ),
-  nearRecord({ type: fc.constant('refusal'), refusal: nearText }, ['type']),
+/** An array of `good` items with one `bad` one among them. */
+function oneBad(good: fc.Arbitrary<unknown>, bad: fc.Arbitrary<Json>) {
+  return fc
+    .tuple(fc.array(good as fc.Arbitrary<Json>, { maxLength: 2 }), bad, fc.nat())
+    .map(([items, b, i]) => {
+      const out = [...items];
+      out.splice(i % (out.length + 1), 0, b);
+      return out;
+    });
+}
+const oddText = fc.constantFrom<Json>(null, 5, ['x'], {});
+const oddObject = fc.constantFrom<Json>(null, [], 'x', 1);
+const oddBool = fc.constantFrom<Json>('true', 1, {});
+const badPart = fc.oneof(
+  bent(textPart, { type: fc.constantFrom('refusal', 'txt', 1), text: oddText }),
+  bent(imagePart, {
+    image_url: fc.oneof(
+      bent(fc.record({ url: text, detail: text }), { url: oddText, detail: oddText }),
+      oddObject,
+    ),
+  }),
+  bent(refusalPart, { type: fc.constant('text'), refusal: oddText }),
   fc.constant({ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }),
   fc.constant({ type: 'file', file: { file_id: 'f' } }),
 );
-const nearToolCall = nearRecord(
-  {
-    id: nearText,
-    type: edge(fc.constant('function'), 'tool'),
-    function: nearRecord({ name: nearText, arguments: nearText }, []),
-  },
-  [],
-);
-const nearMessage = nearRecord(
-  {
-    role: fc.constantFrom('system', 'user', 'assistant', 'tool', 'developer', 'function', ''),
-    content: fc.oneof(nearText, fc.array(nearPart, { maxLength: 2 })),
-    name: nearText,
-    tool_call_id: nearText,
-    tool_calls: edge(fc.array(nearToolCall, { maxLength: 2 }), null, {}),
-  },
-  [],
-);
-const nearTool = nearRecord(
-  {
-    type: edge(fc.constant('function'), 'tool'),
-    function: nearRecord(
-      {
-        name: edge(fc.string({ minLength: 1, maxLength: 4 }), '', null, 3),
-        description: nearText,
-        parameters: edge(objectOf, null, [], 'x'),
-        strict: edge(fc.boolean(), null, 'true'),
-      },
-      [],
-    ),
-  },
-  [],
-);
-const nearFormat = fc.oneof(
-  nearRecord({ type: fc.constantFrom('text', 'json_object', 'json', '') }, []),
-  nearRecord(
-    {
-      type: fc.constant('json_schema'),
-      json_schema: nearRecord(
-        {
-          name: nearText,
-          description: nearText,
-          schema: edge(objectOf, null, []),
-          strict: edge(fc.boolean(), null, 1),
-        },
-        [],
-      ),
-    },
-    [],
+const badToolCall = bent(toolCall, {
+  id: oddText,
+  type: fc.constantFrom('tool', null),
+  function: fc.oneof(
+    bent(fc.record({ name: text, arguments: text }), { name: oddText, arguments: oddText }),
+    oddObject,
   ),
+});
+const badMessage = bent(message, {
+  role: fc.constantFrom('function', '', null, 1),
+  content: fc.oneof(fc.constantFrom<Json>(5, [], {}), oneBad(textPart, badPart)),
+  name: fc.constantFrom(5, ['x'], {}),
+  tool_call_id: fc.constantFrom(5, ['x']),
+  tool_calls: fc.oneof(fc.constantFrom<Json>({}, 'x'), oneBad(toolCall, badToolCall)),
+});
+const badTool = bent(tool, {
+  type: fc.constantFrom('tool', null),
+  function: fc.oneof(
+    bent(toolFunction, {
+      name: fc.constantFrom<Json>('', null, 3),
+      description: oddText,
+      parameters: oddObject,
+      strict: oddBool,
+    }),
+    oddObject,
+  ),
+});
+const badFormat = fc.oneof(
+  fc.record({ type: fc.constantFrom<Json>('json', '', null) }),
+  bent(fc.record({ type: fc.constantFrom('text', 'json_object') }), {}),
+  bent(jsonSchemaFormat, {
+    json_schema: fc.oneof(
+      bent(jsonSchema, {
+        name: fc.constantFrom<Json>(null, 5),
+        description: oddText,
+        schema: oddObject,
+        strict: oddBool,
+      }),
+      oddObject,
+    ),
+  }),
 );
 const sixteen = Object.fromEntries(Array.from({ length: 16 }, (_, i) => [`k${i}`, 'v']));
 
@@ -217,10 +218,7 @@ const sixteen = Object.fromEntries(Array.from({ length: 16 }, (_, i) => [`k${i}`
  */
 const faults: Record<string, fc.Arbitrary<Json>> = {
   model: fc.constantFrom('', null, 1, []),
-  messages: fc.oneof(
-    fc.constantFrom<Json>([], null, {}, 'x'),
-    fc.array(nearMessage, { minLength: 1, maxLength: 2 }),
-  ),
+  messages: fc.oneof(fc.constantFrom<Json>([], null, {}, 'x'), oneBad(message, badMessage)),
   max_tokens: fc.constantFrom(0, -1, 1.5, '1', true),
   max_completion_tokens: fc.constantFrom(0, 2.5, -0.5),
   temperature: fc.constantFrom(-1e-9, 2 + 1e-9, 2.5, -1, '1'),
@@ -258,7 +256,7 @@ const faults: Record<string, fc.Arbitrary<Json>> = {
     [],
     'x',
   ),
-  tools: fc.oneof(fc.array(nearTool, { minLength: 1, maxLength: 2 }), fc.constantFrom({}, 'x')),
+  tools: fc.oneof(oneBad(tool, badTool), fc.constantFrom<Json>({}, 'x')),
   tool_choice: fc.constantFrom<Json>(
     'any',
     1,
@@ -269,7 +267,7 @@ const faults: Record<string, fc.Arbitrary<Json>> = {
     { type: 'function' },
     { type: 'function', function: null },
   ),
-  response_format: fc.oneof(nearFormat, fc.constantFrom('json_object', 1)),
+  response_format: fc.oneof(badFormat, fc.constantFrom<Json>('json_object', 1)),
   metadata: fc.constantFrom<Json>(
     { ['k'.repeat(64)]: 'v', ['k'.repeat(65)]: 'v' },
     { k: 'v'.repeat(512), j: 'v'.repeat(513) },
@@ -301,65 +299,66 @@ const oneFault = fc
   .chain(([body, field]) => faults[field]!.map((v) => plain({ ...body, [field]: v })));
 
 /** Values at and just past the schema's bounds, wrong types, enumeration neighbours. */
+const ODD_VALUES: readonly Json[] = [
+  null,
+  -0,
+  0,
+  1,
+  2,
+  2.0000001,
+  -2,
+  -2.0000001,
+  1.5,
+  0.5,
+  -1,
+  20,
+  21,
+  100,
+  100.5,
+  -100.5,
+  128,
+  129,
+  2 ** 53,
+  2 ** 53 + 2,
+  -(2 ** 53) - 2,
+  1e20,
+  '',
+  '12',
+  '1a',
+  'x'.repeat(64),
+  'x'.repeat(65),
+  'x'.repeat(512),
+  'x'.repeat(513),
+  'auto',
+  'none',
+  'required',
+  'function',
+  'text',
+  'content',
+  'json_schema',
+  'json_object',
+  'image_url',
+  'refusal',
+  'input_audio',
+  'file',
+  'low',
+  'minimal',
+  'flex',
+  'scale',
+  'user',
+  'tool',
+  'function_call',
+  true,
+  false,
+  [],
+  {},
+  ['text'],
+  ['a', 'b', 'c', 'd', 'e'],
+  { type: 'text', text: 'x' },
+  { type: 'input_audio', input_audio: { data: 'x', format: 'wav' } },
+];
 const oddValue: fc.Arbitrary<Json> = fc.oneof(
-  fc.constantFrom<Json>(
-    null,
-    -0,
-    0,
-    1,
-    2,
-    2.0000001,
-    -2,
-    -2.0000001,
-    1.5,
-    0.5,
-    -1,
-    20,
-    21,
-    100,
-    100.5,
-    -100.5,
-    128,
-    129,
-    2 ** 53,
-    2 ** 53 + 2,
-    -(2 ** 53) - 2,
-    1e20,
-    '',
-    '12',
-    '1a',
-    'x'.repeat(64),
-    'x'.repeat(65),
-    'x'.repeat(512),
-    'x'.repeat(513),
-    'auto',
-    'none',
-    'required',
-    'function',
-    'text',
-    'content',
-    'json_schema',
-    'json_object',
-    'image_url',
-    'refusal',
-    'input_audio',
-    'file',
-    'low',
-    'minimal',
-    'flex',
-    'scale',
-    'user',
-    'tool',
-    'function_call',
-    true,
-    false,
-    [],
-    {},
-    ['text'],
-    ['a', 'b', 'c', 'd', 'e'],
-    { type: 'text', text: 'x' },
-    { type: 'input_audio', input_audio: { data: 'x', format: 'wav' } },
-  ),
+  fc.constantFrom<Json>(...ODD_VALUES),
   fc.jsonValue({ maxDepth: 2 }),
 );
 
@@ -434,6 +433,88 @@ describe('conforms: the fast check of the chat request', () => {
     );
     // The check above is only as strong as the accepted share is large.
     assert.ok(accepted > 5_000, `only ${accepted} bodies took the fast path`);
+  });
+
+  it('accepts no single-slot change of a rich valid body that the schema refuses', () => {
+    // Every slot of a body using every covered shape: replaced by each odd value,
+    // removed, or given an unknown key beside it.
+    const rich = {
+      model: 'm',
+      messages: [
+        { role: 'system', content: 'Be brief.', name: 'sys' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'What is this?' },
+            { type: 'image_url', image_url: { url: 'https://example.com/a.png', detail: 'low' } },
+          ],
+        },
+        {
+          role: 'assistant',
+          content: [{ type: 'refusal', refusal: 'No.' }],
+          tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }],
+        },
+        { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+      ],
+      max_tokens: 10,
+      max_completion_tokens: 20,
+      temperature: 1,
+      top_p: 0.5,
+      stream: true,
+      stream_options: { include_usage: true },
+      stop: ['a', 'b'],
+      frequency_penalty: 1,
+      presence_penalty: -1,
+      n: 1,
+      seed: 7,
+      logprobs: true,
+      top_logprobs: 3,
+      logit_bias: { '50256': -100 },
+      tools: [
+        {
+          type: 'function',
+          function: { name: 'f', description: 'd', parameters: { type: 'object' }, strict: true },
+        },
+      ],
+      tool_choice: { type: 'function', function: { name: 'f' } },
+      parallel_tool_calls: false,
+      response_format: {
+        type: 'json_schema',
+        json_schema: { name: 'x', description: 'd', schema: { type: 'object' }, strict: null },
+      },
+      metadata: { k: 'v' },
+      user: 'u',
+      store: false,
+      reasoning_effort: 'low',
+      service_tier: 'flex',
+      prediction: { type: 'content', content: [{ type: 'text', text: 'p' }] },
+      modalities: ['text'],
+      x_exec: false,
+    };
+    assert.ok(conforms(rich));
+    const count = slots(rich).length;
+    let checked = 0;
+    for (let n = 0; n < count; n++) {
+      const variants: Array<(s: Slot) => void> = [
+        ...ODD_VALUES.map((v) => (s: Slot) => {
+          (s.parent as Record<string | number, Json>)[s.key] = structuredClone(v);
+        }),
+        (s) => {
+          if (Array.isArray(s.parent)) s.parent.splice(s.key as number, 1);
+          else delete s.parent[s.key as string];
+        },
+        (s) => {
+          if (!Array.isArray(s.parent)) s.parent.zz_unknown = 1;
+        },
+      ];
+      for (const change of variants) {
+        const body = structuredClone(rich) as Json;
+        change(slots(body)[n]!);
+        if (conforms(body)) assertSchemaAgrees(body);
+        checked++;
+      }
+    }
+    assert.ok(checked > 3_000, `${checked}`);
   });
 
   it('takes every valid body of the shapes it covers', () => {

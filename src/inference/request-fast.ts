@@ -162,31 +162,36 @@ function messages(v: unknown): boolean {
   return true;
 }
 
+/**
+ * A tool's `function` or a format's `json_schema`: a `name` (at least `minName`
+ * characters), an optional string `description`, an optional JSON-schema object under
+ * `objectKey`, and `strict`.
+ */
+function namedSchema(o: unknown, objectKey: 'parameters' | 'schema', minName: number): boolean {
+  if (!isObj(o) || typeof o.name !== 'string' || o.name.length < minName) return false;
+  for (const k in o) {
+    const x = o[k];
+    if (k === 'name') continue;
+    if (k === 'description') {
+      if (typeof x !== 'string') return false;
+    } else if (k === objectKey) {
+      if (!isObj(x)) return false;
+    } else if (k === 'strict') {
+      if (!optBool(x)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 function tools(v: unknown): boolean {
   if (!Array.isArray(v)) return false;
   for (const t of v as unknown[]) {
     if (!isObj(t) || t.type !== 'function') return false;
     for (const k in t) if (k !== 'type' && k !== 'function') return false;
-    const f = t.function;
-    if (!isObj(f) || typeof f.name !== 'string' || f.name.length === 0) return false;
-    for (const k in f) {
-      const x = f[k];
-      switch (k) {
-        case 'name':
-          break;
-        case 'description':
-          if (typeof x !== 'string') return false;
-          break;
-        case 'parameters':
-          if (!isObj(x)) return false;
-          break;
-        case 'strict':
-          if (!optBool(x)) return false;
-          break;
-        default:
-          return false;
-      }
-    }
+    // Not held to OpenAI's name pattern, as in the schema; but not empty.
+    if (!namedSchema(t.function, 'parameters', 1)) return false;
   }
   return true;
 }
@@ -209,27 +214,7 @@ function responseFormat(v: unknown): boolean {
   }
   if (v.type !== 'json_schema') return false;
   for (const k in v) if (k !== 'type' && k !== 'json_schema') return false;
-  const s = v.json_schema;
-  if (!isObj(s) || typeof s.name !== 'string') return false;
-  for (const k in s) {
-    const x = s[k];
-    switch (k) {
-      case 'name':
-        break;
-      case 'description':
-        if (typeof x !== 'string') return false;
-        break;
-      case 'schema':
-        if (!isObj(x)) return false;
-        break;
-      case 'strict':
-        if (!optBool(x)) return false;
-        break;
-      default:
-        return false;
-    }
-  }
-  return true;
+  return namedSchema(v.json_schema, 'schema', 0);
 }
 
 function prediction(v: unknown): boolean {
