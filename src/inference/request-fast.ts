@@ -263,6 +263,18 @@ function strings(v: unknown): boolean {
   return true;
 }
 
+/** Checks of the top-level fields that may be null or hold an array or an object. */
+const NESTED = new Map<string, (v: unknown) => boolean>([
+  ['stop', stop],
+  ['logit_bias', logitBias],
+  ['tools', tools],
+  ['tool_choice', toolChoice],
+  ['response_format', responseFormat],
+  ['metadata', metadata],
+  ['prediction', prediction],
+  ['modalities', strings],
+]);
+
 /**
  * True only if the request schema accepts `body` and returns the same values for
  * every field it declares; false when unsure (the schema then decides).
@@ -305,9 +317,6 @@ export function conforms(body: unknown): body is RequestData {
           if (!optBool(v.include_usage)) return false;
         }
         break;
-      case 'stop':
-        if (v != null && !stop(v)) return false;
-        break;
       case 'n':
         if (!optInt(v, 1, MAX_N)) return false;
         break;
@@ -316,21 +325,6 @@ export function conforms(body: unknown): body is RequestData {
         break;
       case 'top_logprobs':
         if (!optInt(v, 0, MAX_TOP_LOGPROBS)) return false;
-        break;
-      case 'logit_bias':
-        if (v != null && !logitBias(v)) return false;
-        break;
-      case 'tools':
-        if (v != null && !tools(v)) return false;
-        break;
-      case 'tool_choice':
-        if (v != null && !toolChoice(v)) return false;
-        break;
-      case 'response_format':
-        if (v != null && !responseFormat(v)) return false;
-        break;
-      case 'metadata':
-        if (v != null && !metadata(v)) return false;
         break;
       case 'user':
         if (!optString(v)) return false;
@@ -342,15 +336,12 @@ export function conforms(body: unknown): body is RequestData {
         if (!(v == null || v === 'flex' || v === 'priority' || v === 'auto' || v === 'default'))
           return false;
         break;
-      case 'prediction':
-        if (v != null && !prediction(v)) return false;
-        break;
-      case 'modalities':
-        if (v != null && !strings(v)) return false;
-        break;
-      default:
-        // Unknown top-level fields: accepted and ignored, as by the schema.
-        break;
+      default: {
+        // The nullable fields that hold arrays or objects; any other key is unknown,
+        // accepted and ignored, as by the schema.
+        const check = NESTED.get(k);
+        if (check !== undefined && v != null && !check(v)) return false;
+      }
     }
   }
   return true;
