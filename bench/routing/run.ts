@@ -34,6 +34,9 @@
  *     service_tier `priority` sorts X ms earlier, `flex` X ms later; `follow`: a request
  *     whose predicted hit another request still has to prefill sorts no earlier than
  *     that one. The baselines send no priority: their rows are the same with or without.
+ *   --hedge=D[,x:K][,gain:G]  experiment: hedged requests for Switchyard (HEDGE below): a
+ *     request without a first token max(D, K × predicted TTFT) ms after dispatch is sent
+ *     to a second worker too; the first to start streaming wins, the other is closed.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -128,6 +131,22 @@ let GATE_FIFO = false;
 /** `local`: the worker is chosen on arrival; each worker's router queue is ordered. */
 let GATE_LOCAL = false;
 
+/**
+ * Experiment (--hedge=D[,x:K][,gain:G]): a Switchyard request still without a first token
+ * max(D, K × its predicted TTFT) ms after dispatch is sent once more, to the worker the
+ * policy picks among the others (a hedged request, "The Tail at Scale"); the first
+ * attempt to produce a first token wins and the router closes the other
+ * (`SimWorker.cancel`). With gain:G the second attempt is sent only if its predicted TTFT
+ * is below G × the first attempt's remaining predicted TTFT (at least the time since
+ * the prediction was due).
+ */
+let HEDGE: { delayMs: number; k: number; gain: number } | undefined;
+
+interface Race {
+  won: boolean;
+  legs: Array<{ job: Job; workerId: string; attempt: Attempt }>;
+}
+
 /** --priority: workers order their queues by vLLM priority; Switchyard's rule, if any. */
 let PRIORITY_ORDER = false;
 let PRIORITY_RULE: PriorityRule | undefined;
@@ -196,7 +215,10 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     },
   };
   // Requests on the killed worker that had not started, with their attempt.
-  const attempts = new Map<Job, { req: TraceRequest; attempt: Attempt; tried: Set<string> }>();
+  const attempts = new Map<
+    Job,
+    { req: TraceRequest; attempt: Attempt; tried: Set<string>; race?: Race }
+  >();
 
   const scrape = (): void => {
     for (const [id, wk] of workers) if (wk.alive) scraped.set(id, wk.metrics());
@@ -270,11 +292,17 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     pump();
   };
 
-  const dispatchNow = (req: TraceRequest, tried: Set<string>, exclude: Set<string>): void => {
+  const hedging = HEDGE !== undefined && policy.name.startsWith('switchyard');
+  const dispatchNow = (
+    req: TraceRequest,
+    tried: Set<string>,
+    exclude: Set<string>,
+    race?: Race,
+  ): void => {
     const tier: Tier = req.tier === 'priority' || req.tier === 'flex' ? req.tier : 'default';
     const attempt = policy.choose(req, view, exclude);
     if (!attempt) {
-      done({ id: req.id, tier, outTokens: 0, status: 'rejected', good: false });
+      if (!race) done({ id: req.id, tier, outTokens: 0, status: 'rejected', good: false });
       return;
     }
     const id = attempt.workerId;
@@ -331,6 +359,17 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
       seq: 0,
       ...(attempt.priority !== undefined ? { priority: attempt.priority } : {}),
       onFirstToken: (now, c) => {
+        if (race) {
+          race.won = true;
+          for (const leg of race.legs) {
+            if (leg.job === job) continue;
+            workers.get(leg.workerId)!.cancel(leg.job);
+            attempts.delete(leg.job);
+            inFlight.set(leg.workerId, inFlight.get(leg.workerId)! - 1);
+            leg.attempt.fail?.();
+          }
+          race.legs = race.legs.filter((l) => l.job === job);
+        }
         ttftMs = now - req.at;
         cached = c;
         if (tr) {
@@ -362,7 +401,30 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
         });
       },
     };
-    attempts.set(job, { req, attempt, tried });
+    attempts.set(job, { req, attempt, tried, ...(race ? { race } : {}) });
+    if (race) race.legs.push({ job, workerId: id, attempt });
+    if (hedging && !race && tried.size === 0) {
+      const r: Race = { won: false, legs: [{ job, workerId: id, attempt }] };
+      race = r; // the first attempt's callbacks see the race too
+      attempts.set(job, { req, attempt, tried, race: r });
+      const h = HEDGE!;
+      const predicted = attempt.predictedTtftMs ?? 0;
+      const due = dispatchedAt + Math.max(h.delayMs, h.k * predicted);
+      ev.at(due, () => {
+        if (r.won || r.legs.length !== 1 || !attempts.has(job)) return;
+        const others = new Set([...tried, ...r.legs.map((l) => l.workerId)]);
+        if (h.gain > 0) {
+          // Only if the other worker is predicted to be much sooner than what is left here.
+          const probe = policy.choose(req, view, others);
+          if (!probe) return;
+          const left = Math.max(predicted - (ev.now - dispatchedAt), ev.now - dispatchedAt);
+          const ok = (probe.predictedTtftMs ?? Infinity) < h.gain * left;
+          probe.fail?.();
+          if (!ok) return;
+        }
+        dispatchNow(req, tried, others, r);
+      });
+    }
     if (gate > 0 && GATE_LOCAL) {
       const q = localQ.get(id) ?? [];
       q.push(job);
@@ -379,7 +441,8 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     inFlight.set(KILLED, 0);
     prefilling.set(KILLED, 0);
     for (const job of streaming) {
-      const a = attempts.get(job)!;
+      const a = attempts.get(job);
+      if (!a) continue;
       attempts.delete(job);
       a.attempt.fail?.();
       const tier: Tier =
@@ -389,9 +452,15 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
     const heldHere = localQ.get(KILLED) ?? [];
     localQ.delete(KILLED);
     for (const job of [...notStarted, ...heldHere]) {
-      const a = attempts.get(job)!;
+      const a = attempts.get(job);
+      if (!a) continue; // a hedge's losing attempt, already closed
       attempts.delete(job);
       a.attempt.fail?.();
+      if (a.race) {
+        a.race.legs = a.race.legs.filter((l) => l.job !== job);
+        // The other attempt of a hedged request goes on alone.
+        if (a.race.legs.length > 0) continue;
+      }
       dispatch(a.req, new Set([...a.tried, KILLED]));
     }
   });
@@ -495,8 +564,20 @@ function main(): void {
       gate: { type: 'string' },
       // Experiment: vLLM priority queues on the workers and Switchyard's rule (see above).
       priority: { type: 'string' },
+      // Experiment: hedged requests for Switchyard (see HEDGE above).
+      hedge: { type: 'string' },
     },
   });
+  if (values.hedge) {
+    const [d, ...rest] = values.hedge.split(',');
+    HEDGE = { delayMs: Number(d), k: 0, gain: 0 };
+    for (const r of rest) {
+      const [key, v] = r.split(':');
+      if (key === 'x') HEDGE.k = Number(v);
+      else if (key === 'gain') HEDGE.gain = Number(v);
+      else throw new Error(`--hedge: ${r}?`);
+    }
+  }
   if (values.priority) {
     PRIORITY_ORDER = true;
     PRIORITY_RULE = parsePriority(values.priority);

@@ -119,6 +119,8 @@ export interface Job {
   seq: number;
   /** Trace (bench/routing/run.ts --tail): when the job was admitted and its prefill began. */
   admittedAt?: number;
+  /** Cancelled by the router (`SimWorker.cancel`) while its prefill ran: no first token. */
+  cancelled?: boolean;
   prefillAt?: number;
 }
 
@@ -218,6 +220,30 @@ export class SimWorker {
     return (s.ttftMs + (promptTokens - own * s.blockSize) * s.prefillMsPerToken) * s.slowdown;
   }
 
+  /**
+   * The router closed the request before its first token (a hedge that lost, run.ts
+   * --hedge). Queued or admitted but not yet prefilling: it leaves at once and frees its
+   * slot and blocks. Prefilling: as in vLLM, where an abort takes effect at the next
+   * engine step, the prefill runs to its end (its blocks stay cached), then the job is
+   * released without a first token. Returns whether its prefill had started.
+   */
+  cancel(job: Job): boolean {
+    if (!this.alive || job.started) return false;
+    const q = this.queue.indexOf(job);
+    if (q >= 0) {
+      this.queue.splice(q, 1);
+      return false;
+    }
+    const p = this.prefill.indexOf(job);
+    if (p >= 0) {
+      this.prefill.splice(p, 1);
+      this.release(job);
+      return false;
+    }
+    if (this.running.has(job)) job.cancelled = true;
+    return true;
+  }
+
   metrics(): WorkerMetrics {
     return {
       waiting: this.queue.length,
@@ -295,6 +321,11 @@ export class SimWorker {
       this.prefilling = false;
       this.promptTokens += job.promptTokens;
       this.cachedTokens += job.cached;
+      if (job.cancelled) {
+        this.release(job);
+        this.pump();
+        return;
+      }
       job.started = true;
       job.onFirstToken(this.ev.now, job.cached);
       const tpot = s.tpotMs * s.slowdown * (1 + s.batchSlope * this.running.size);
