@@ -3,9 +3,14 @@
  * Engines: `sim` (simulator for tests and benchmarks) and `llama` (llama.cpp).
  *
  * `--register <router-url>` with `--token` (or SWITCHYARD_WORKER_TOKEN)
- * registers it with a router, heartbeats, and deregisters on SIGTERM
- * (workers/registration.ts); `--tier`, `--advertise-url` (default: the listen
- * URL), `--capacity` and `--scheduling-policy` go with the registration.
+ * registers it with a router and heartbeats (workers/registration.ts); `--tier`,
+ * `--advertise-url` (default: the listen URL), `--capacity` and
+ * `--scheduling-policy` go with the registration.
+ *
+ * SIGTERM drains (workers/drain.ts): the router is told to send nothing new, the
+ * requests already open finish (at most `--drain-ms`, default
+ * SWITCHYARD_WORKER_DRAIN_MS or 30 s), then the worker deregisters and exits 0. A
+ * second SIGTERM or SIGINT cuts the wait short.
  *
  * `--prefill-concurrency N` (sim engine): at most N prefills at once, the others
  * wait in queue order (1 models an engine whose prefills share one compute budget).
@@ -14,16 +19,24 @@
  * request's `priority`, lower first, as vLLM's flag of the same name; registered
  * with it, the worker gets a `priority` from the router (routing/prefill-order.ts).
  */
+import type { Server } from 'node:http';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { systemClock } from '../runtime/clock.js';
+import { InFlight, waitForDrain } from '../workers/drain.js';
 import { RegistrationError, WorkerRegistration } from '../workers/registration.js';
 import { startSimWorker } from '../workers/sim/server.js';
 import { otlpEndpointFromEnv } from '../config/index.js';
 import { TIER_IDS } from '../tiers/index.js';
 
-/** How long SIGTERM waits for the router to acknowledge deregistration. */
+/** How long SIGTERM waits for the router to acknowledge the drain, and the deregistration. */
 const DEREGISTER_WAIT_MS = 3000;
+const DEFAULT_DRAIN_MS = 30_000;
+
+/** `p`, or nothing after `ms`: a router that does not answer must not hold the exit. */
+function atMost(p: Promise<unknown>, ms: number): Promise<unknown> {
+  return Promise.race([p, new Promise<void>((r) => setTimeout(r, ms).unref())]);
+}
 
 function num(name: string, raw: string | undefined, def: number): number {
   if (raw === undefined) return def;
@@ -52,9 +65,21 @@ export async function worker(argv: string[]): Promise<number> {
       capacity: { type: 'string' },
       'scheduling-policy': { type: 'string', default: 'fcfs' },
       'prefill-concurrency': { type: 'string' },
+      'drain-ms': { type: 'string' },
     },
     strict: true,
   });
+  let drainMs: number;
+  try {
+    drainMs = num(
+      'drain-ms',
+      values['drain-ms'] ?? (process.env.SWITCHYARD_WORKER_DRAIN_MS || undefined),
+      DEFAULT_DRAIN_MS,
+    );
+  } catch (err) {
+    process.stderr.write(`switchyard worker: ${(err as Error).message}\n`);
+    return 2;
+  }
   const token = values.token ?? process.env.SWITCHYARD_WORKER_TOKEN;
   const schedulingPolicy = values['scheduling-policy'];
   if (schedulingPolicy !== 'fcfs' && schedulingPolicy !== 'priority') {
@@ -92,11 +117,14 @@ export async function worker(argv: string[]): Promise<number> {
   }
   const capacity =
     values.capacity !== undefined ? Math.floor(num('capacity', values.capacity, 0)) : undefined;
-  /** Registers when asked, then serves until SIGTERM/SIGINT (deregistering first). */
+  /** Registers when asked, then serves until SIGTERM/SIGINT (draining first). */
   const serve = async (
-    w: { url: string; close(): Promise<void> },
+    w: { url: string; server: Server; close(): Promise<void> },
     model: string,
   ): Promise<number> => {
+    const log = (line: string) => process.stdout.write(`switchyard worker: ${line}\n`);
+    const inFlight = new InFlight();
+    inFlight.track(w.server);
     let registration: WorkerRegistration | null = null;
     if (values.register) {
       registration = new WorkerRegistration({
@@ -108,7 +136,7 @@ export async function worker(argv: string[]): Promise<number> {
         ...(capacity ? { capacity } : {}),
         ...(schedulingPolicy === 'priority' ? { schedulingPolicy } : {}),
         clock: systemClock,
-        log: (line) => process.stdout.write(`switchyard worker: ${line}\n`),
+        log,
       });
       try {
         await registration.start();
@@ -121,20 +149,35 @@ export async function worker(argv: string[]): Promise<number> {
       }
     }
     let stopping = false;
+    let interrupt: () => void = () => undefined;
+    const interrupted = new Promise<void>((r) => (interrupt = r));
     const stop = () => {
-      if (stopping) return;
+      if (stopping) {
+        interrupt();
+        return;
+      }
       stopping = true;
-      // Deregister first so the router stops sending requests, then close.
-      const deregistered = registration
-        ? Promise.race([
-            registration.stop(),
-            new Promise<void>((r) => setTimeout(r, DEREGISTER_WAIT_MS).unref()),
-          ])
-        : Promise.resolve();
-      void deregistered
-        .then(() => w.close())
-        .then(stopTracing)
-        .then(() => process.exit(0));
+      void (async () => {
+        // The router first, so it sends nothing new; then no new connections here.
+        if (registration) await atMost(registration.drain(), DEREGISTER_WAIT_MS);
+        w.server.close();
+        log(`draining: ${inFlight.count} request(s) open, waiting at most ${drainMs} ms`);
+        const outcome = await waitForDrain({
+          inFlight,
+          clock: systemClock,
+          deadlineMs: drainMs,
+          interrupt: interrupted,
+        });
+        log(
+          outcome === 'idle'
+            ? 'drained'
+            : `drain ${outcome === 'deadline' ? 'deadline passed' : 'interrupted'}: closing ${inFlight.count} open request(s)`,
+        );
+        if (registration) await atMost(registration.stop(), DEREGISTER_WAIT_MS);
+        await w.close();
+        await stopTracing();
+        process.exit(0);
+      })();
     };
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);

@@ -11,11 +11,19 @@
  * - `POST /workers/{id}/heartbeat`: records a heartbeat; 404 `worker_not_found`
  *   once the worker was removed (it then registers again).
  * - `POST /workers/{id}/deregister`: removes the worker (on SIGTERM).
+ * - `POST /workers/{id}/drain`: status `draining`: no router picks the worker for a
+ *   new request, requests already on it finish (`switchyard worker` asks for it on
+ *   SIGTERM, before it waits for them; workers/drain.ts). Heartbeats and the
+ *   monitor leave the status alone; a re-registration makes the worker healthy.
+ * - `POST /workers/{id}/resume`: back from `draining` to the monitor's verdict.
+ *
+ * With the worker token these act only on self-registered workers; the operator
+ * token drains and resumes static ones too.
  *
  * Health after registration is the monitor's (routing/monitor.ts).
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
-import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
@@ -25,6 +33,7 @@ import {
   publicWorker,
   SCHEDULING_POLICIES,
   type WorkerRecord,
+  type WorkerStatus,
 } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { TIER_IDS } from '../tiers/index.js';
@@ -50,9 +59,14 @@ function sha256(s: string): Buffer {
 export function registrationRoutes(s: Services): FastifyPluginAsync {
   const workerDigest = s.config.workerToken ? sha256(s.config.workerToken) : null;
   return async (app: FastifyInstance) => {
+    /** Requests authenticated by the worker token (not the operator's). */
+    const byWorker = new WeakSet<FastifyRequest>();
     app.addHook('onRequest', async (request) => {
       const token = bearerToken(request.headers.authorization);
-      if (token !== null && workerDigest && timingSafeEqual(sha256(token), workerDigest)) return;
+      if (token !== null && workerDigest && timingSafeEqual(sha256(token), workerDigest)) {
+        byWorker.add(request);
+        return;
+      }
       try {
         s.adminAuth.check(request.headers.authorization);
       } catch {
@@ -135,6 +149,37 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
       await s.bus.publish('workers', w.id);
       await s.monitor.reconcile();
       return { id: w.id, object: 'worker', deleted: true };
+    });
+
+    /** The worker named by the path, if this caller may change its status. */
+    const target = async (request: FastifyRequest<{ Params: { id: string } }>) => {
+      const w = await s.workers.get(request.params.id);
+      if (!w || (byWorker.has(request) && w.source !== 'registered')) {
+        throw new ServiceError('worker_not_found', { param: 'id' });
+      }
+      return w;
+    };
+    const setStatus = async (w: WorkerRecord, status: WorkerStatus) => {
+      if (await s.workers.setStatus(w.id, status)) {
+        await s.bus.publish('workers', w.id);
+        await s.monitor.reconcile();
+      }
+      return { ...publicWorker(w), status };
+    };
+
+    app.post<{ Params: { id: string } }>('/workers/:id/drain', async (request) => {
+      const w = await target(request);
+      request.log.info({ worker: w.id }, 'worker draining');
+      return setStatus(w, 'draining');
+    });
+
+    app.post<{ Params: { id: string } }>('/workers/:id/resume', async (request) => {
+      const w = await target(request);
+      // Back to what the monitor would say now; its next pass confirms or corrects it.
+      const status = w.status !== 'draining' ? (w.status as WorkerStatus) : 'healthy';
+      const next = status === 'healthy' && !s.monitor.checksOk(w.id) ? 'unhealthy' : status;
+      request.log.info({ worker: w.id, status: next }, 'worker resumed');
+      return setStatus(w, next);
     });
   };
 }

@@ -5,8 +5,10 @@
  * (`POST /admin/v1/workers/register`), then heartbeats at the interval the
  * router answers (`POST /admin/v1/workers/{id}/heartbeat`). A heartbeat
  * answered 404 means the router removed the worker (missed heartbeats): it
- * registers again. `stop()` deregisters (SIGTERM), so the router stops
- * routing to it before the server closes.
+ * registers again. `drain()` asks the router to stop sending it new requests
+ * (status `draining`, workers/drain.ts) while heartbeats go on; once draining it
+ * never registers again. `stop()` deregisters, so the router forgets it before
+ * the server closes.
  *
  * Timing is on the injected clock. The first registration's answer decides
  * start-up: a refused token or an unknown model is a configuration error the
@@ -48,6 +50,7 @@ export class WorkerRegistration {
   private intervalMs = 5000;
   private timer: Timer | null = null;
   private stopped = false;
+  private draining = false;
   private retryMs = RETRY_MIN_MS;
   private pending: Promise<void> = Promise.resolve();
 
@@ -72,6 +75,25 @@ export class WorkerRegistration {
         this.log(`registration with ${this.o.routerUrl} failed (${msg(err)}); retrying`);
         await new Promise<void>((resolve) => this.o.clock.setTimer(this.backoff(), resolve));
       }
+    }
+  }
+
+  /**
+   * Asks the router to send no new requests (`POST /admin/v1/workers/{id}/drain`);
+   * heartbeats go on, and a router that forgot the worker is not asked to take it
+   * back. True when the router confirmed.
+   */
+  async drain(): Promise<boolean> {
+    this.draining = true;
+    if (!this.id) return false;
+    try {
+      const res = await this.call('POST', `/admin/v1/workers/${encodeURIComponent(this.id)}/drain`);
+      if (res.status !== 200) throw new Error(`HTTP ${res.status}`);
+      this.log(`draining ${this.id}`);
+      return true;
+    } catch (err) {
+      this.log(`drain request failed (${msg(err)})`);
+      return false;
     }
   }
 
@@ -129,7 +151,9 @@ export class WorkerRegistration {
         'POST',
         `/admin/v1/workers/${encodeURIComponent(this.id!)}/heartbeat`,
       );
-      if (res.status === 404) {
+      if (res.status === 404 && this.draining) {
+        this.log(`router forgot ${this.id}; draining, so not registering again`);
+      } else if (res.status === 404) {
         this.log(`router forgot ${this.id}; registering again`);
         await this.register();
       } else if (res.status === 200) {

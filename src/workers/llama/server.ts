@@ -19,7 +19,7 @@
  */
 import { readBody as readBodyWith } from '../http-body.js';
 import { randomUUID } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Tracing } from '../../runtime/tracing.js';
 import type { AddressInfo } from 'node:net';
 import { ServiceError } from '../../errors/index.js';
@@ -54,6 +54,8 @@ export interface LlamaWorker {
   /** Base URL including `/v1`, e.g. `http://127.0.0.1:41234/v1`. */
   url: string;
   port: number;
+  /** The HTTP server, for the drain on SIGTERM (workers/drain.ts). */
+  server: Server;
   engine: LlamaEngine;
   close(): Promise<void>;
 }
@@ -475,6 +477,7 @@ export async function startLlamaWorker(opts: LlamaWorkerOptions): Promise<LlamaW
   return {
     url: `http://${hostPart}:${port}/v1`,
     port,
+    server,
     engine,
     close() {
       closing ??= (async () => {

@@ -21,7 +21,7 @@
  */
 import { readBody as readBodyWith } from '../http-body.js';
 import { randomUUID } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Tracing } from '../../runtime/tracing.js';
 import type { AddressInfo } from 'node:net';
 import {
@@ -79,6 +79,8 @@ export interface SimWorker {
   /** Base URL including `/v1`, e.g. `http://127.0.0.1:41234/v1`. */
   url: string;
   port: number;
+  /** The HTTP server, for the drain on SIGTERM (workers/drain.ts). */
+  server: Server;
   engine: SimEngine;
   stats(): SimWorkerStats;
   setFailMode(mode: FailMode | null): void;
@@ -464,6 +466,7 @@ export async function startSimWorker(opts: SimWorkerOptions = {}): Promise<SimWo
   return {
     url: `http://${hostPart}:${port}/v1`,
     port,
+    server,
     engine,
     stats: handler.stats,
     setFailMode: handler.setFailMode,
