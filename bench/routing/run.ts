@@ -16,10 +16,12 @@
  *     TTFT it would have had on each worker, TAIL_LIMIT=ms the count threshold (754).
  *   --oracle=1000[,…]  add "oracle" policies that read the simulated workers' exact queues
  *     and caches (not routers): greedy, and greedy with a hopeless rule at each target.
- *   --gate=G[,local|fifo]  experiment: Switchyard holds requests at the router until a
- *     worker has fewer than G without a first token; one queue served shortest prefill
- *     first (or `fifo`), or with `local` the worker chosen on arrival and each worker's
- *     router queue served shortest first. Not in the live router (docs/BENCHMARKS.md).
+ *   --gate=G[,local|fifo][,steal[:F]]  experiment: Switchyard holds requests at the router
+ *     until a worker has fewer than G without a first token; one queue served shortest
+ *     prefill first (or `fifo`), or with `local` the worker chosen on arrival and each
+ *     worker's router queue served shortest first; `steal` lets a free worker with an
+ *     empty queue take the request cheapest on it from another's queue (at most F × its
+ *     cost there). Not in the live router (docs/BENCHMARKS.md).
  *   --priority=RULE[,tier:X][,follow][,deadline:D]  experiment: every simulated worker
  *     orders its queues as vLLM's `--scheduling-policy priority` does (sim.ts), and
  *     Switchyard sends a priority per request (policies.ts, `PriorityRule`). RULE is
@@ -130,6 +132,10 @@ let GATE = 0;
 let GATE_FIFO = false;
 /** `local`: the worker is chosen on arrival; each worker's router queue is ordered. */
 let GATE_LOCAL = false;
+/** `local,steal`: a worker free with an empty router queue takes a request from another's. */
+let GATE_STEAL = false;
+/** `local,steal:F`: only a request whose prefill there costs at most F × its home cost. */
+let STEAL_FACTOR = Infinity;
 
 /**
  * Experiment (--hedge=D[,x:K][,gain:G]): a Switchyard request still without a first token
@@ -264,9 +270,41 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
   };
 
   const localQ = new Map<string, Job[]>();
+  /**
+   * `steal`: worker `id` is free and its queue empty: it takes, from the other workers'
+   * router queues, the request whose prefill would be cheapest on it (within
+   * STEAL_FACTOR of its cost at home). The request's attempt is re-made for `id`.
+   */
+  const steal = (id: string): boolean => {
+    const wk = workers.get(id)!;
+    let best: { from: string; i: number; cost: number } | undefined;
+    for (const [from, q] of localQ) {
+      if (from === id) continue;
+      const home = workers.get(from)!;
+      for (let i = 0; i < q.length; i++) {
+        const j = q[i]!;
+        const cost = wk.ownPrefill(j.promptTokens, j.blockKeys);
+        if (cost > STEAL_FACTOR * home.ownPrefill(j.promptTokens, j.blockKeys)) continue;
+        if (!best || cost < best.cost) best = { from, i, cost };
+      }
+    }
+    if (!best) return false;
+    const job = localQ.get(best.from)!.splice(best.i, 1)[0]!;
+    const a = attempts.get(job)!;
+    attempts.delete(job);
+    inFlight.set(best.from, inFlight.get(best.from)! - 1);
+    a.attempt.fail?.();
+    const others = new Set(alive.filter((x) => x !== id));
+    dispatchNow(a.req, a.tried, others);
+    return true;
+  };
+
   const pumpLocal = (id: string): void => {
     const q = localQ.get(id);
     const wk = workers.get(id)!;
+    if (GATE_STEAL && (!q || q.length === 0) && (prefilling.get(id) ?? 0) < gate && wk.alive) {
+      if (steal(id)) return; // dispatchNow pumped `id` with the stolen request
+    }
     while (q && q.length > 0 && (prefilling.get(id) ?? 0) < gate && wk.alive) {
       let bi = 0;
       let best = Infinity;
@@ -430,6 +468,12 @@ function simulate(w: Workload, policy: Policy, trace = false): RunStats {
       q.push(job);
       localQ.set(id, q);
       pumpLocal(id);
+      // A worker sitting idle with nothing queued may take it (or another) at once.
+      if (GATE_STEAL && q.length > 0) {
+        for (const other of alive) {
+          if (other !== id && (localQ.get(other)?.length ?? 0) === 0) pumpLocal(other);
+        }
+      }
     } else workers.get(id)!.submit(job);
   };
 
@@ -587,6 +631,13 @@ function main(): void {
     GATE = Number(g);
     GATE_FIFO = order === 'fifo';
     GATE_LOCAL = order === 'local';
+    const extra = values.gate.split(',')[2];
+    if (extra !== undefined) {
+      const [k, f] = extra.split(':');
+      if (k !== 'steal' || !GATE_LOCAL) throw new Error(`--gate: ${extra}?`);
+      GATE_STEAL = true;
+      if (f !== undefined) STEAL_FACTOR = Number(f);
+    }
   }
   const seeds = values.quick ? 1 : Number(values.seeds);
   const firstSeed = values.quick ? 1 : Number(values['first-seed']);
