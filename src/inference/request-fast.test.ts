@@ -90,7 +90,12 @@ const validBody = fc.record(
     frequency_penalty: nullable(unit(-2, 2)),
     presence_penalty: nullable(unit(-2, 2)),
     n: nullable(fc.integer({ min: 1, max: 128 })),
-    seed: nullable(fc.oneof(fc.integer(), fc.constant(Number.MAX_SAFE_INTEGER))),
+    seed: nullable(
+      fc.oneof(
+        fc.integer(),
+        fc.constantFrom(Number.MAX_SAFE_INTEGER, 2 ** 62, 100000000000000000, -(2 ** 63)),
+      ),
+    ),
     logprobs: nullable(fc.boolean()),
     top_logprobs: nullable(fc.integer({ min: 0, max: 20 })),
     logit_bias: nullable(
@@ -241,7 +246,7 @@ const faults: Record<string, fc.Arbitrary<Json>> = {
   ),
   stop: fc.constantFrom<Json>(['a', 'b', 'c', 'd', 'e'], ['a', 1], 5, {}, [null]),
   n: fc.constantFrom(0, 129, 1.5, 2 ** 53, '2'),
-  seed: fc.constantFrom(2 ** 53, -(2 ** 53), 1e20, 0.5, '1'),
+  seed: fc.constantFrom(2 ** 63, -(2 ** 63) - 2048, 1e20, 0.5, '1'),
   top_logprobs: fc.constantFrom(-1, 21, 0.5, '1'),
   logit_bias: fc.constantFrom<Json>(
     { '': 1 },

@@ -39,6 +39,7 @@ import {
   MAX_N,
   MAX_STOP_SEQUENCES,
   MAX_TOP_LOGPROBS,
+  SEED_BOUND,
   type RequestData,
 } from './request.js';
 
@@ -321,7 +322,13 @@ export function conforms(body: unknown): body is RequestData {
         if (!optInt(v, 1, MAX_N)) return false;
         break;
       case 'seed':
-        if (!optInt(v, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER)) return false;
+        // request.ts's seedInt: any integer in [-2^63, 2^63), safe or not.
+        if (
+          v != null &&
+          !(typeof v === 'number' && Number.isInteger(v) && v >= -SEED_BOUND && v < SEED_BOUND)
+        ) {
+          return false;
+        }
         break;
       case 'top_logprobs':
         if (!optInt(v, 0, MAX_TOP_LOGPROBS)) return false;

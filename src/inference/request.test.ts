@@ -262,6 +262,8 @@ const BAD: ReadonlyArray<readonly [string, unknown, string, string | null]> = [
   ],
   ['seed decimal', withFields({ seed: 1.5 }), 'invalid_type', 'seed'],
   ['seed string', withFields({ seed: '42' }), 'invalid_type', 'seed'],
+  ['seed 2^63 (past int64)', withFields({ seed: 2 ** 63 }), 'invalid_value', 'seed'],
+  ['seed below -2^63', withFields({ seed: -(2 ** 64) }), 'invalid_value', 'seed'],
   // n and streaming
   ['n zero', withFields({ n: 0 }), 'invalid_value', 'n'],
   ['n above cap', withFields({ n: 129 }), 'invalid_value', 'n'],
@@ -698,6 +700,10 @@ describe('parseChatRequest accepts', () => {
     ['stop string', { stop: '\n' }],
     ['stop 4 sequences', { stop: ['a', 'b', 'c', 'd'] }],
     ['seed negative', { seed: -42 }],
+    // Random 63-bit seeds, as clients send them: past 2^53 but within int64.
+    ['seed 2^53 + 2', { seed: 2 ** 53 + 2 }],
+    ['seed 10^17', { seed: 100000000000000000 }],
+    ['seed -2^63', { seed: -(2 ** 63) }],
     ['reasoning_effort low', { reasoning_effort: 'low' }],
     ['reasoning_effort medium', { reasoning_effort: 'medium' }],
     ['reasoning_effort high', { reasoning_effort: 'high' }],

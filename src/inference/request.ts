@@ -174,6 +174,17 @@ const positiveInt = z
   .refine(Number.isInteger, { params: { expected: 'int' }, abort: true })
   .min(1);
 const penalty = z.number().min(-2).max(2);
+/**
+ * `seed`: OpenAI and vLLM take any signed 64-bit integer, and clients send random
+ * 63-bit ones. A JSON number that large arrives as a double (every double past 2^53 is
+ * integral), so the bound is on the double: [-2^63, 2^63).
+ */
+export const SEED_BOUND = 2 ** 63;
+const seedInt = z
+  .number()
+  .refine(Number.isInteger, { params: { expected: 'int' }, abort: true })
+  .min(-SEED_BOUND)
+  .lt(SEED_BOUND);
 
 const textPart = z.object({ type: z.literal('text'), text: z.string() });
 const contentPart = z.discriminatedUnion('type', [
@@ -267,7 +278,7 @@ export const requestSchema = z.object({
   frequency_penalty: penalty.nullish(),
   presence_penalty: penalty.nullish(),
   n: z.int().min(1).max(MAX_N).nullish(),
-  seed: z.int().nullish(),
+  seed: seedInt.nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.int().min(0).max(MAX_TOP_LOGPROBS).nullish(),
   logit_bias: z

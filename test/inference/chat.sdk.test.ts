@@ -242,6 +242,20 @@ describe('chat completions with the OpenAI SDK', () => {
     );
   });
 
+  it('a random 63-bit seed is served, the same seed the same answer', async () => {
+    const ask = () =>
+      f.client.chat.completions.create({
+        model: 'x',
+        messages: [{ role: 'user', content: 'seeded' }],
+        seed: 2 ** 62 + 2 ** 60, // past 2^53, within int64
+        temperature: 1,
+        max_tokens: 8,
+      });
+    const [a, b] = [await ask(), await ask()];
+    assert.ok(a.choices[0]!.message.content);
+    assert.equal(a.choices[0]!.message.content, b.choices[0]!.message.content);
+  });
+
   it('clamps an over-large max_tokens and says so in the header', async () => {
     const { data, response } = await f.client.chat.completions
       .create({

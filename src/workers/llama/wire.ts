@@ -316,7 +316,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   checkInt(body, 'max_tokens', 1, Number.MAX_SAFE_INTEGER);
   checkInt(body, 'max_completion_tokens', 1, Number.MAX_SAFE_INTEGER);
   checkInt(body, 'n', 1, 128);
-  checkInt(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
+  checkInt(body, 'seed', -(2 ** 63), 2 ** 63); // int64, as the router
   checkInt(body, 'top_logprobs', 0, 20);
   checkNumber(body, 'temperature', 0, 2);
   checkNumber(body, 'top_p', 0, 1);

@@ -221,7 +221,8 @@ export function parseChatRequest(body: unknown): ParseResult {
     optionalInt(body, 'max_tokens', 1, Number.MAX_SAFE_INTEGER) ??
     optionalInt(body, 'max_completion_tokens', 1, Number.MAX_SAFE_INTEGER) ??
     optionalInt(body, 'n', 1, 128) ??
-    optionalInt(body, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ??
+    // int64, as the router takes it
+    optionalInt(body, 'seed', -(2 ** 63), 2 ** 63) ??
     optionalInt(body, 'top_logprobs', 0, 20) ??
     optionalInt(body, 'priority', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
   if (intErr) return fail(intErr, intErr.split(' ')[0] ?? null);
