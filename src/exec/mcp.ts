@@ -344,7 +344,7 @@ export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: Exec
   const path = '/:projectId/v1/mcp';
   app.post(path, async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, 'execution');
+    const key = await authenticateKey(verifier, request, projectId, 'execution', 'exec');
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();
     const server = buildServer(mcp, {
@@ -388,7 +388,7 @@ export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: Exec
   // Stateless: no server-initiated stream (GET) and no session to end (DELETE).
   const notAllowed = async (request: FastifyRequest, reply: FastifyReply) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, 'execution');
+    await authenticateKey(verifier, request, projectId, 'execution', 'exec');
     return reply
       .code(405)
       .header('Allow', 'POST')

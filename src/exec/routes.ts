@@ -31,7 +31,7 @@ interface P {
 export function execRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     const management = { preParsing: requireKey(s.verifier, 'management') };
-    const execution = { preParsing: requireKey(s.verifier, 'execution') };
+    const execution = { preParsing: requireKey(s.verifier, 'execution', 'exec') };
     const x = s.exec;
     const m = x.management;
     const pid = (r: FastifyRequest) => r.apiKey!.projectId;
@@ -182,7 +182,7 @@ function execBodies(app: FastifyInstance): void {
 function brokerScope(verifier: KeyVerifier): preHandlerAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, null);
+    const key = await authenticateKey(verifier, request, projectId, null, 'exec');
     if (!key.scopes.includes('execution') && !key.scopes.includes('management')) {
       throw new ServiceError('scope_insufficient', {
         message: "This route requires the 'execution' scope.",

@@ -32,11 +32,18 @@ const MESSAGES: Record<Exclude<Verification['status'], 'ok'>, string> = {
   expired: 'The API key has expired.',
 };
 
+/**
+ * `exec`: the execution surface (`/v1/exec/…`, MCP), whose error table names a request
+ * without any credential 401 `authentication_required`; elsewhere it is `missing_api_key`.
+ */
+export type KeySurface = 'api' | 'exec';
+
 export async function authenticateKey(
   verifier: KeyVerifier,
   request: FastifyRequest,
   projectExternalId: string,
   scope: Scope | null,
+  surface: KeySurface = 'api',
 ): Promise<KeyRecord> {
   let v: Verification;
   // The batch runner's in-process requests (internal-key.ts): inference only.
@@ -53,7 +60,8 @@ export async function authenticateKey(
     });
   }
   if (v.status !== 'ok') {
-    throw new ServiceError(v.status === 'missing' ? 'missing_api_key' : 'invalid_api_key', {
+    const missing = surface === 'exec' ? 'authentication_required' : 'missing_api_key';
+    throw new ServiceError(v.status === 'missing' ? missing : 'invalid_api_key', {
       message: MESSAGES[v.status],
     });
   }
@@ -81,10 +89,14 @@ export async function authenticateKey(
  * before the body is read, so a request without a valid key is 401 whatever its
  * body holds (spec: missing or malformed keys get 401), never a JSON error.
  */
-export function requireKey(verifier: KeyVerifier, scope: Scope | null): preParsingAsyncHookHandler {
+export function requireKey(
+  verifier: KeyVerifier,
+  scope: Scope | null,
+  surface: KeySurface = 'api',
+): preParsingAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, scope);
+    await authenticateKey(verifier, request, projectId, scope, surface);
   };
 }
 

@@ -602,7 +602,13 @@ for (const driver of drivers()) {
         403,
         'cross_project_access',
       );
-      expectError(await s.call('GET', `${base()}/tools`), 401, 'missing_api_key');
+      // The execution surface's table names a request without credentials so.
+      expectError(await s.call('GET', `${base()}/tools`), 401, 'authentication_required');
+      expectError(
+        await s.call('GET', `${base()}/invocations`, { key: 'swy_not_a_key' }),
+        401,
+        'invalid_api_key',
+      );
     });
 
     it('GET /v1/models?capability=tool_calling lists only tool-calling models', async () => {

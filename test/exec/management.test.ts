@@ -243,7 +243,13 @@ for (const driver of drivers()) {
         403,
         'cross_project_access',
       );
-      expectError(await s.call('GET', `/${p.projectId}/v1/exec/broker`), 401, 'missing_api_key');
+      expectError(
+        await s.call('GET', `/${p.projectId}/v1/exec/broker`),
+        401,
+        'authentication_required',
+      );
+      // Join keys and agents are the management API, not the execution surface.
+      expectError(await s.call('GET', `/${p.projectId}/v1/agents`), 401, 'missing_api_key');
     });
 
     it('operator API: users (token once, unique e-mail), members (role upsert), user_not_found', async () => {

@@ -261,9 +261,10 @@ describe('MCP server (fake transport)', () => {
       assert.match(err.message, /"code":"scope_insufficient"/);
       return true;
     });
-    // No key at all: 401.
+    // No key at all: 401 authentication_required (the execution surface's code).
     const anon = await http('POST', `${s.url}/${p.projectId}/v1/mcp`, { body, headers });
     assert.equal(anon.status, 401);
+    assert.equal((anon.body.error as { code: string }).code, 'authentication_required');
     // Another project's key: 403 cross_project_access.
     const other = await seedExecProject(s, 'mcp-other');
     const x = await http('POST', `${s.url}/${p.projectId}/v1/mcp`, {
