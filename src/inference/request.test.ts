@@ -15,6 +15,11 @@ function withFields(fields: Body): Body {
   return { ...base(), ...fields };
 }
 
+/** An assistant tool call with this id. */
+function call(id: string) {
+  return { id, type: 'function', function: { name: 'f', arguments: '{}' } };
+}
+
 function withMessages(...messages: unknown[]): Body {
   return { ...base(), messages };
 }
@@ -161,6 +166,47 @@ const BAD: ReadonlyArray<readonly [string, unknown, string, string | null]> = [
     ),
     'missing_required_parameter',
     'messages[2].tool_call_id',
+  ],
+  [
+    'tool message not after an assistant tool call',
+    withMessages(
+      { role: 'user', content: 'x' },
+      { role: 'tool', content: 'z', tool_call_id: 'c1' },
+    ),
+    'invalid_value',
+    'messages[1].role',
+  ],
+  [
+    'tool message after an assistant turn without tool_calls',
+    withMessages(
+      { role: 'user', content: 'x' },
+      { role: 'assistant', content: 'y' },
+      { role: 'tool', content: 'z', tool_call_id: 'c1' },
+    ),
+    'invalid_value',
+    'messages[2].role',
+  ],
+  [
+    'tool message after a user turn that follows the call',
+    withMessages(
+      { role: 'assistant', content: null, tool_calls: [call('c1')] },
+      { role: 'tool', content: 'z', tool_call_id: 'c1' },
+      { role: 'user', content: 'more' },
+      { role: 'tool', content: 'z', tool_call_id: 'c1' },
+    ),
+    'invalid_value',
+    'messages[3].role',
+  ],
+  [
+    'tool_call_id matching no call of the assistant turn',
+    withMessages(
+      { role: 'user', content: 'x' },
+      { role: 'assistant', content: null, tool_calls: [call('c1'), call('c2')] },
+      { role: 'tool', content: 'one', tool_call_id: 'c1' },
+      { role: 'tool', content: 'three', tool_call_id: 'c3' },
+    ),
+    'invalid_value',
+    'messages[3].tool_call_id',
   ],
   [
     'tool_call_id not a string',
@@ -700,6 +746,18 @@ describe('parseChatRequest accepts', () => {
     ['stop string', { stop: '\n' }],
     ['stop 4 sequences', { stop: ['a', 'b', 'c', 'd'] }],
     ['seed negative', { seed: -42 }],
+    [
+      'parallel tool calls answered in any order',
+      {
+        messages: [
+          { role: 'user', content: 'x' },
+          { role: 'assistant', content: null, tool_calls: [call('a'), call('b')] },
+          { role: 'tool', content: '2', tool_call_id: 'b' },
+          { role: 'tool', content: '1', tool_call_id: 'a' },
+          { role: 'assistant', content: 'done' },
+        ],
+      },
+    ],
     // Random 63-bit seeds, as clients send them: past 2^53 but within int64.
     ['seed 2^53 + 2', { seed: 2 ** 53 + 2 }],
     ['seed 10^17', { seed: 100000000000000000 }],

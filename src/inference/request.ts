@@ -452,9 +452,35 @@ function checkMessages(messages: readonly ChatMessage[]): void {
         }
       }
     }
-    if (m.role === 'tool' && m.tool_call_id == null) {
-      throw missing(`messages[${i}].tool_call_id`);
-    }
+    if (m.role === 'tool') checkToolResult(messages, i);
+  }
+}
+
+/**
+ * A tool result answers a call of the assistant turn before it (other tool results may
+ * sit between them): the spec's "the matching `tool_call_id`", and OpenAI's rule.
+ */
+function checkToolResult(messages: readonly ChatMessage[], i: number): void {
+  const m = messages[i]!;
+  const at = `messages[${i}]`;
+  if (m.tool_call_id == null) throw missing(`${at}.tool_call_id`);
+  let k = i - 1;
+  while (k >= 0 && messages[k]!.role === 'tool') k--;
+  const turn = k >= 0 ? messages[k]! : undefined;
+  const calls = turn?.role === 'assistant' ? turn.tool_calls : undefined;
+  if (!calls || calls.length === 0) {
+    throw fail(
+      'invalid_value',
+      `${at}.role`,
+      `Invalid value for '${at}.role': a 'tool' message must answer a tool call of the assistant message before it, and that message has no 'tool_calls'.`,
+    );
+  }
+  if (!calls.some((c) => c.id === m.tool_call_id)) {
+    throw fail(
+      'invalid_value',
+      `${at}.tool_call_id`,
+      `Invalid value for '${at}.tool_call_id': '${m.tool_call_id}' is not the id of a tool call in the assistant message before it.`,
+    );
   }
 }
 
