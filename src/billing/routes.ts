@@ -5,7 +5,7 @@ import type { Services } from '../runtime/services.js';
 
 export function billingRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preParsing', requireKey(s.verifier, 'management'));
+    app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
     const base = '/:projectId/v1/budget_alerts';
     app.post(base, async (r, reply) =>
       reply.code(201).send(await s.budgetAlerts.create(r.apiKey!.projectId, r.body)),

@@ -16,6 +16,7 @@
  * with the code of the HTTP surface (`tool_not_mcp_visible`,
  * `exec_tool_not_found`, `invocation_not_found`, …).
  */
+import type { Limits } from '../http/limits.js';
 import type { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import type { CallToolResult, Tool } from '@modelcontextprotocol/sdk/types.js';
 import { and, eq, sql } from 'drizzle-orm';
@@ -340,11 +341,19 @@ function buildServer(
 }
 
 /** Mounts `{base_url}/<project_id>/v1/mcp`. */
-export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: ExecService): void {
+export function mountMcp(
+  app: FastifyInstance,
+  verifier: KeyVerifier,
+  exec: ExecService,
+  limits: Limits,
+): void {
   const path = '/:projectId/v1/mcp';
   app.post(path, async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, 'execution', 'exec');
+    const key = await authenticateKey(verifier, request, projectId, 'execution', {
+      surface: 'exec',
+      quota: limits,
+    });
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();
     const server = buildServer(mcp, {
@@ -388,7 +397,10 @@ export function mountMcp(app: FastifyInstance, verifier: KeyVerifier, exec: Exec
   // Stateless: no server-initiated stream (GET) and no session to end (DELETE).
   const notAllowed = async (request: FastifyRequest, reply: FastifyReply) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, 'execution', 'exec');
+    await authenticateKey(verifier, request, projectId, 'execution', {
+      surface: 'exec',
+      quota: limits,
+    });
     return reply
       .code(405)
       .header('Allow', 'POST')

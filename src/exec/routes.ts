@@ -9,6 +9,7 @@
  *   user token (`Authorization: Bearer swyu_…`) and the user's project role,
  *   not by an API key.
  */
+import type { Limits } from '../http/limits.js';
 import type {
   FastifyInstance,
   FastifyPluginAsync,
@@ -30,8 +31,11 @@ interface P {
 
 export function execRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    const management = { preParsing: requireKey(s.verifier, 'management') };
-    const execution = { preParsing: requireKey(s.verifier, 'execution', 'exec') };
+    const quota = s.limits;
+    const management = { preParsing: requireKey(s.verifier, 'management', { quota }) };
+    const execution = {
+      preParsing: requireKey(s.verifier, 'execution', { surface: 'exec', quota }),
+    };
     const x = s.exec;
     const m = x.management;
     const pid = (r: FastifyRequest) => r.apiKey!.projectId;
@@ -65,13 +69,13 @@ export function execRoutes(s: Services): FastifyPluginAsync {
       m.rotateKey(pid(r), r.params.id, r.body),
     );
     // Execution: the project's MCP server (Streamable HTTP, stateless).
-    mountMcp(app, s.verifier, x);
+    mountMcp(app, s.verifier, x, s.limits);
 
     // `/<project_id>/v1/exec/…`, in a scope of its own for the surface's body rules.
     await app.register(async (app) => {
       execBodies(app);
 
-      app.get(`${ex}/broker`, { preHandler: brokerScope(s.verifier) }, async () => {
+      app.get(`${ex}/broker`, { preHandler: brokerScope(s.verifier, s.limits) }, async () => {
         const t = x.transport;
         if (!t) {
           throw new ServiceError('unavailable', {
@@ -179,10 +183,13 @@ function execBodies(app: FastifyInstance): void {
  * enrolling agents is a management task (join keys, agents), and whoever sets
  * up an agent needs the broker's key next to the join key minted with that key.
  */
-function brokerScope(verifier: KeyVerifier): preHandlerAsyncHookHandler {
+function brokerScope(verifier: KeyVerifier, limits: Limits): preHandlerAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, null, 'exec');
+    const key = await authenticateKey(verifier, request, projectId, null, {
+      surface: 'exec',
+      quota: limits,
+    });
     if (!key.scopes.includes('execution') && !key.scopes.includes('management')) {
       throw new ServiceError('scope_insufficient', {
         message: "This route requires the 'execution' scope.",

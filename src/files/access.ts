@@ -23,7 +23,7 @@ declare module 'fastify' {
 
 export function surfaceAccess(s: Services): preParsingAsyncHookHandler[] {
   return [
-    requireKey(s.verifier, 'inference'),
+    requireKey(s.verifier, 'inference', { quota: s.limits }),
     async (request, reply) => {
       const { endpointSlug } = request.params as { endpointSlug?: string };
       const key = request.apiKey!;

@@ -8,6 +8,7 @@
  */
 import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
+import type { Limits } from './limits.js';
 import { ServiceError } from '../errors/index.js';
 import { internalKeyOf } from './internal-key.js';
 import {
@@ -38,12 +39,24 @@ const MESSAGES: Record<Exclude<Verification['status'], 'ok'>, string> = {
  */
 export type KeySurface = 'api' | 'exec';
 
+export interface KeyCheck {
+  surface?: KeySurface;
+  /**
+   * The key's own quota (`quotaRequests` per rolling `quotaWindow` s), part of the auth
+   * layer in the spec: past it, 429 `rate_limit_exceeded` with `Retry-After`. Every
+   * key-authenticated route passes it except the inference routes, whose limits
+   * (http/limits.ts `inference`) count the quota together with the tier's, and the
+   * Responses API, whose chat call counts it there.
+   */
+  quota?: Limits;
+}
+
 export async function authenticateKey(
   verifier: KeyVerifier,
   request: FastifyRequest,
   projectExternalId: string,
   scope: Scope | null,
-  surface: KeySurface = 'api',
+  check: KeyCheck = {},
 ): Promise<KeyRecord> {
   let v: Verification;
   // The batch runner's in-process requests (internal-key.ts): inference only.
@@ -60,7 +73,7 @@ export async function authenticateKey(
     });
   }
   if (v.status !== 'ok') {
-    const missing = surface === 'exec' ? 'authentication_required' : 'missing_api_key';
+    const missing = check.surface === 'exec' ? 'authentication_required' : 'missing_api_key';
     throw new ServiceError(v.status === 'missing' ? missing : 'invalid_api_key', {
       message: MESSAGES[v.status],
     });
@@ -80,6 +93,7 @@ export async function authenticateKey(
       message: `This route requires the '${scope}' scope.`,
     });
   }
+  if (check.quota && !internal) await check.quota.keyQuota(v.key);
   request.apiKey = v.key;
   return v.key;
 }
@@ -92,11 +106,11 @@ export async function authenticateKey(
 export function requireKey(
   verifier: KeyVerifier,
   scope: Scope | null,
-  surface: KeySurface = 'api',
+  check: KeyCheck = {},
 ): preParsingAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, scope, surface);
+    await authenticateKey(verifier, request, projectId, scope, check);
   };
 }
 

@@ -204,6 +204,28 @@ export class Limits {
     throw rateLimited(denied, rateHeaders(denied), 'Rate limit exceeded; retry after the delay.');
   }
 
+  /**
+   * The key's own quota on a route outside inference (http/auth.ts `KeyCheck`): the same
+   * `quota:<key>` window the inference limits count, so both kinds of request share it.
+   * Throws 429 `rate_limit_exceeded` with `Retry-After` past it.
+   */
+  async keyQuota(key: { id: string; quotaRequests: number; quotaWindow: number }): Promise<void> {
+    const ds = await this.acquire(
+      [
+        {
+          kind: 'window',
+          key: `quota:${key.id}`,
+          limit: key.quotaRequests,
+          windowMs: key.quotaWindow * 1000,
+        },
+      ],
+      'quota',
+    );
+    if (ds && !ds[0]!.allowed) {
+      throw rateLimited(ds[0]!, rateHeaders(ds[0]!), "The API key's request quota is used up.");
+    }
+  }
+
   /** Adds a finished request's tokens to its endpoint's tokens-per-minute window. */
   async addTokens(endpointId: string, tokens: number): Promise<void> {
     if (tokens <= 0) return;

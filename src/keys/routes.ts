@@ -17,7 +17,7 @@ interface P {
 
 export function keyRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preParsing', requireKey(s.verifier, 'management'));
+    app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
     app.addHook('preParsing', async (request) => {
       if (request.apiKey!.endpointId !== null) {
         throw new ServiceError('endpoint_restricted', {

@@ -61,8 +61,8 @@ interface ProjectParams {
 
 export function projectRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    const inference = requireKey(s.verifier, 'inference');
-    const anyScope = requireKey(s.verifier, null);
+    const inference = requireKey(s.verifier, 'inference', { quota: s.limits });
+    const anyScope = requireKey(s.verifier, null, { quota: s.limits });
 
     function notFound(name: string): ServiceError {
       return new ServiceError('model_not_found', {

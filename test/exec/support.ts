@@ -69,10 +69,23 @@ export interface ExecProject {
   inference: string;
 }
 
+/**
+ * The keys' quotas are far above the spec's default 60 a minute: these tests make more
+ * requests than that on the fake clock's frozen minute, and the quota is tested in
+ * test/limits, not here.
+ */
+const QUOTA = 100_000;
+
 export async function seedExecProject(s: TestServer, slug: string): Promise<ExecProject> {
-  const p = await seedProject(s, { slug, scopes: ['execution'] });
-  const m = await s.admin('POST', `/projects/${slug}/keys`, { scopes: ['management'] });
-  const i = await s.admin('POST', `/projects/${slug}/keys`, { scopes: ['inference'] });
+  const p = await seedProject(s, { slug, scopes: ['execution'], quotaRequests: QUOTA });
+  const m = await s.admin('POST', `/projects/${slug}/keys`, {
+    scopes: ['management'],
+    quotaRequests: QUOTA,
+  });
+  const i = await s.admin('POST', `/projects/${slug}/keys`, {
+    scopes: ['inference'],
+    quotaRequests: QUOTA,
+  });
   const proj = await s.admin('GET', `/projects/${slug}`);
   return {
     projectId: p.projectId,

@@ -83,7 +83,11 @@ for (const driver of drivers()) {
 
     before(async () => {
       s = await startTestServer({ driver });
-      p = await seedProject(s, { slug: 'slo', scopes: ['management', 'inference'] });
+      p = await seedProject(s, {
+        slug: 'slo',
+        scopes: ['management', 'inference'],
+        quotaRequests: 100_000,
+      });
       other = await seedProject(s, { slug: 'slo-other', scopes: ['management'] });
       endpoints.main = p.endpointId;
       await addEndpoint('second');

@@ -177,7 +177,14 @@ export async function startTestServer(
 /** Creates a model, a project, an endpoint and a key through the operator API. */
 export async function seedProject(
   s: TestServer,
-  opts: { slug?: string; scopes?: string[]; tier?: string; model?: string } = {},
+  opts: {
+    slug?: string;
+    scopes?: string[];
+    tier?: string;
+    model?: string;
+    /** The key's quota per 60 s (the spec's default 60 when absent). */
+    quotaRequests?: number;
+  } = {},
 ): Promise<{ projectId: string; projectSlug: string; endpointId: string; key: string }> {
   const slug = opts.slug ?? `p${Math.random().toString(36).slice(2, 8)}`;
   const model = opts.model ?? 'test-model';
@@ -194,6 +201,7 @@ export async function seedProject(
   if (e.status !== 201) throw new Error(`endpoint: ${e.text}`);
   const k = await s.admin('POST', `/projects/${slug}/keys`, {
     scopes: opts.scopes ?? ['inference'],
+    ...(opts.quotaRequests !== undefined ? { quotaRequests: opts.quotaRequests } : {}),
   });
   if (k.status !== 201) throw new Error(`key: ${k.text}`);
   return {

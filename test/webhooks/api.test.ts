@@ -28,7 +28,11 @@ describe('webhook API', () => {
     s = await startTestServer({
       env: { SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8', SWITCHYARD_WEBHOOK_CA_FILE: rx.caFile },
     });
-    p = await seedProject(s, { slug: 'wh', scopes: ['management', 'inference'] });
+    p = await seedProject(s, {
+      slug: 'wh',
+      scopes: ['management', 'inference'],
+      quotaRequests: 100_000,
+    });
     base = `/${p.projectId}/main/v1/webhooks`;
   });
   after(async () => {
