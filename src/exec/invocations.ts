@@ -445,36 +445,51 @@ export class Invocations {
 
   /**
    * Operator maintenance: force a stuck invocation to `failed` (`exec.failed`,
-   * error `operator_failed`). Already terminal → `already_terminal` 400.
+   * error `operator_failed`). Already terminal → `already_terminal` 400. The update
+   * is conditional on the status read; one that moved on meanwhile (queued →
+   * dispatched → running) is read again, so only a terminal record is reported as one.
    */
   async forceFail(projectId: string, id: string, reason: string) {
-    const inv = await this.rowByExternal(projectId, id);
-    if (isTerminal(inv.status)) {
-      throw new ServiceError('already_terminal', {
-        message: `The invocation is already ${inv.status}.`,
-      });
-    }
-    const now = new Date(this.ctx.clock.now());
-    const moved = await this.ctx.db.transaction(async (tx) => {
-      const m = await fail(
-        tx,
-        inv,
-        [inv.status as (typeof NON_TERMINAL)[number]],
-        'operator_failed',
-        reason || 'Failed by an operator.',
-        now,
-      );
-      if (m && inv.status === 'pending_approval') {
-        await this.approvals().expireFor(tx, inv.id, now);
+    for (let attempt = 1; ; attempt++) {
+      const inv = await this.rowByExternal(projectId, id);
+      if (isTerminal(inv.status)) {
+        throw new ServiceError('already_terminal', {
+          message: `The invocation is already ${inv.status}.`,
+        });
       }
-      return m;
-    });
-    if (!moved) throw new ServiceError('already_terminal');
-    this.ctx.poke();
-    if (inv.status === 'dispatched' || inv.status === 'running') await this.cancelOnAgent(inv);
-    return this.view(moved);
+      const now = new Date(this.ctx.clock.now());
+      const moved = await this.ctx.db.transaction(async (tx) => {
+        const m = await fail(
+          tx,
+          inv,
+          [inv.status as (typeof NON_TERMINAL)[number]],
+          'operator_failed',
+          reason || 'Failed by an operator.',
+          now,
+        );
+        if (m && inv.status === 'pending_approval') {
+          await this.approvals().expireFor(tx, inv.id, now);
+        }
+        return m;
+      });
+      if (moved) {
+        this.ctx.poke();
+        if (inv.status === 'dispatched' || inv.status === 'running') {
+          await this.cancelOnAgent(inv);
+        }
+        return this.view(moved);
+      }
+      if (attempt >= FORCE_FAIL_ATTEMPTS) {
+        throw new ServiceError('invalid_state', {
+          message: 'The invocation kept changing state; try again.',
+        });
+      }
+    }
   }
 }
+
+/** Reads and conditional updates before forceFail gives up on a record that keeps moving. */
+const FORCE_FAIL_ATTEMPTS = 5;
 
 function unavailable(message: string): ServiceError {
   return new ServiceError('unavailable', { message, headers: { 'Retry-After': '1' } });

@@ -592,6 +592,28 @@ for (const driver of drivers()) {
       expectError(again, 400, 'already_terminal');
     });
 
+    it('force-fail of an invocation that moved on after it was read fails it, not already_terminal', async () => {
+      const r = await create({ tool: 'run', arguments: { path: '/' }, workspace_id: ws });
+      const id = String(r.body.id);
+      const inv = s.services.exec!.invocations;
+      const real = inv.rowByExternal.bind(inv);
+      let reads = 0;
+      // The first read returns the record as it was a moment earlier (another status):
+      // the conditional update finds it changed.
+      inv.rowByExternal = async (projectId: string, ext: string) => {
+        const row = await real(projectId, ext);
+        return reads++ === 0 ? { ...row, status: 'pending_approval' } : row;
+      };
+      try {
+        const f = await s.admin('POST', `/projects/${p.slug}/invocations/${id}/fail`, {});
+        assert.equal(f.status, 200, f.text);
+        assert.equal(f.body.status, 'failed');
+        assert.equal(reads, 2);
+      } finally {
+        inv.rowByExternal = real;
+      }
+    });
+
     it('scope_insufficient (type authentication_error) for keys without execution; cross_project_access', async () => {
       for (const key of [p.mgmt, p.inference]) {
         const r = await s.call('GET', `${base()}/tools`, { key });
