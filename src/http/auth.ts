@@ -51,12 +51,15 @@ export interface KeyCheck {
   quota?: Limits;
 }
 
+/** The default: no allocation on the chat path, which passes none. */
+const API_KEY_CHECK: KeyCheck = Object.freeze({});
+
 export async function authenticateKey(
   verifier: KeyVerifier,
   request: FastifyRequest,
   projectExternalId: string,
   scope: Scope | null,
-  check: KeyCheck = {},
+  check: KeyCheck = API_KEY_CHECK,
 ): Promise<KeyRecord> {
   let v: Verification;
   // The batch runner's in-process requests (internal-key.ts): inference only.
@@ -106,7 +109,7 @@ export async function authenticateKey(
 export function requireKey(
   verifier: KeyVerifier,
   scope: Scope | null,
-  check: KeyCheck = {},
+  check: KeyCheck = API_KEY_CHECK,
 ): preParsingAsyncHookHandler {
   return async (request) => {
     const { projectId } = request.params as { projectId: string };
