@@ -19,6 +19,8 @@ const USAGE = `usage: switchyard admin [--url URL] [--token T] [--json] <resourc
              [--scheduling-policy fcfs|priority]
   worker list
   worker remove ID
+  worker drain ID    (no new requests; those on it finish; for maintenance of a static worker)
+  worker resume ID
   endpoint create --project P --slug S --name N --model M --tier T [--max-rpm N] [--max-tpm N]
   endpoint list --project P
   key create --project P [--name N] [--scope S ...] [--expires-at ISO] [--endpoint-id UUID]
@@ -241,6 +243,13 @@ export async function admin(argv: string[]): Promise<number> {
         result = await call(ctx, 'GET', '/workers');
         human = listOf(['id', 'model', 'tier', 'url', 'source', 'status']);
         break;
+      case 'worker drain':
+      case 'worker resume': {
+        const id = encodeURIComponent(arg ?? o.id ?? '');
+        result = await call(ctx, 'POST', `/workers/${id}/${action}`);
+        human = record(['id', 'url', 'status']);
+        break;
+      }
       case 'worker remove':
         result = await call(ctx, 'DELETE', `/workers/${encodeURIComponent(arg ?? o.id ?? '')}`);
         human = (r) => `removed ${String(r.id)}\n`;

@@ -103,10 +103,21 @@ describe('first run of switchyard serve', () => {
       adminEnv,
     );
     assert.equal(worker.code, 0, worker.stderr);
-    assert.equal(
-      (JSON.parse(worker.stdout) as { scheduling_policy: string }).scheduling_policy,
-      'priority',
+    const added = JSON.parse(worker.stdout) as { id: string; scheduling_policy: string };
+    assert.equal(added.scheduling_policy, 'priority');
+    const drained = await runSwitchyard(['admin', 'worker', 'drain', added.id], adminEnv);
+    assert.equal(drained.code, 0, drained.stderr);
+    assert.match(drained.stdout, /^wkr_\S+\s+http:\/\/127\.0\.0\.1:9\/v1\s+draining$/m);
+    const workerList = await runSwitchyard(['admin', '--json', 'worker', 'list'], adminEnv);
+    const rows = (JSON.parse(workerList.stdout) as { data: Array<{ id: string; status: string }> })
+      .data;
+    assert.equal(rows.find((w) => w.id === added.id)?.status, 'draining');
+    const resumed = await runSwitchyard(
+      ['admin', '--json', 'worker', 'resume', added.id],
+      adminEnv,
     );
+    assert.equal(resumed.code, 0, resumed.stderr);
+    assert.notEqual((JSON.parse(resumed.stdout) as { status: string }).status, 'draining');
     const bad = await runSwitchyard(['admin', 'project', 'create', '--slug', 'Bad_Slug'], adminEnv);
     assert.equal(bad.code, 1);
     assert.match(bad.stderr, /invalid_body: .*\(param: slug\)/);
