@@ -372,21 +372,52 @@ export class Invocations {
    * Terminal → `invocation_terminal` 409.
    */
   async cancel(projectId: string, id: string) {
-    for (let attempt = 0; attempt < 3; attempt++) {
+    const { inv, moved } = await this.endLive(projectId, id, {
+      transition: cancel,
+      code: 'cancelled',
+      message: 'Invocation cancelled before completion.',
+      attempts: 3,
+      terminal: (status) =>
+        new ServiceError('invocation_terminal', {
+          message: `The invocation is already ${status}.`,
+        }),
+      busy: () => unavailable('The invocation is changing state; retry.'),
+    });
+    if ((inv.status === 'dispatched' || inv.status === 'running') && inv.agentId) {
+      await this.cancelOnAgent(inv);
+    }
+    return this.view(moved);
+  }
+
+  /**
+   * Ends a live invocation with `transition` (cancel or fail), an update conditional on
+   * the status read, expiring its pending approval. One that moved on meanwhile
+   * (queued → dispatched → running) is read again, so only a terminal record gets
+   * `terminal`; still moving after `attempts` reads, `busy`.
+   */
+  private async endLive(
+    projectId: string,
+    id: string,
+    o: {
+      transition: typeof fail;
+      code: string;
+      message: string;
+      attempts: number;
+      terminal: (status: string) => ServiceError;
+      busy: () => ServiceError;
+    },
+  ): Promise<{ inv: InvocationRow; moved: InvocationRow }> {
+    for (let attempt = 0; attempt < o.attempts; attempt++) {
       const inv = await this.rowByExternal(projectId, id);
-      if (isTerminal(inv.status)) {
-        throw new ServiceError('invocation_terminal', {
-          message: `The invocation is already ${inv.status}.`,
-        });
-      }
+      if (isTerminal(inv.status)) throw o.terminal(inv.status);
       const now = new Date(this.ctx.clock.now());
       const moved = await this.ctx.db.transaction(async (tx) => {
-        const m = await cancel(
+        const m = await o.transition(
           tx,
           inv,
           [inv.status as (typeof NON_TERMINAL)[number]],
-          'cancelled',
-          'Invocation cancelled before completion.',
+          o.code,
+          o.message,
           now,
         );
         if (m && inv.status === 'pending_approval') {
@@ -394,13 +425,9 @@ export class Invocations {
         }
         return m;
       });
-      if (!moved) continue; // it moved under us; look again
-      if ((inv.status === 'dispatched' || inv.status === 'running') && inv.agentId) {
-        await this.cancelOnAgent(inv);
-      }
-      return this.view(moved);
+      if (moved) return { inv, moved };
     }
-    throw unavailable('The invocation is changing state; retry.');
+    throw o.busy();
   }
 
   async cancelOnAgent(inv: InvocationRow): Promise<void> {
@@ -445,51 +472,27 @@ export class Invocations {
 
   /**
    * Operator maintenance: force a stuck invocation to `failed` (`exec.failed`,
-   * error `operator_failed`). Already terminal → `already_terminal` 400. The update
-   * is conditional on the status read; one that moved on meanwhile (queued →
-   * dispatched → running) is read again, so only a terminal record is reported as one.
+   * error `operator_failed`). Already terminal → `already_terminal` 400; still
+   * changing state after 5 reads → `invalid_state` 409 (`endLive`).
    */
   async forceFail(projectId: string, id: string, reason: string) {
-    for (let attempt = 1; ; attempt++) {
-      const inv = await this.rowByExternal(projectId, id);
-      if (isTerminal(inv.status)) {
-        throw new ServiceError('already_terminal', {
-          message: `The invocation is already ${inv.status}.`,
-        });
-      }
-      const now = new Date(this.ctx.clock.now());
-      const moved = await this.ctx.db.transaction(async (tx) => {
-        const m = await fail(
-          tx,
-          inv,
-          [inv.status as (typeof NON_TERMINAL)[number]],
-          'operator_failed',
-          reason || 'Failed by an operator.',
-          now,
-        );
-        if (m && inv.status === 'pending_approval') {
-          await this.approvals().expireFor(tx, inv.id, now);
-        }
-        return m;
-      });
-      if (moved) {
-        this.ctx.poke();
-        if (inv.status === 'dispatched' || inv.status === 'running') {
-          await this.cancelOnAgent(inv);
-        }
-        return this.view(moved);
-      }
-      if (attempt >= FORCE_FAIL_ATTEMPTS) {
-        throw new ServiceError('invalid_state', {
+    const { inv, moved } = await this.endLive(projectId, id, {
+      transition: fail,
+      code: 'operator_failed',
+      message: reason || 'Failed by an operator.',
+      attempts: 5,
+      terminal: (status) =>
+        new ServiceError('already_terminal', { message: `The invocation is already ${status}.` }),
+      busy: () =>
+        new ServiceError('invalid_state', {
           message: 'The invocation kept changing state; try again.',
-        });
-      }
-    }
+        }),
+    });
+    this.ctx.poke();
+    if (inv.status === 'dispatched' || inv.status === 'running') await this.cancelOnAgent(inv);
+    return this.view(moved);
   }
 }
-
-/** Reads and conditional updates before forceFail gives up on a record that keeps moving. */
-const FORCE_FAIL_ATTEMPTS = 5;
 
 function unavailable(message: string): ServiceError {
   return new ServiceError('unavailable', { message, headers: { 'Retry-After': '1' } });
