@@ -8,7 +8,13 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import { http, startTestServer, type Res, type TestServer } from '../support/harness.js';
+import {
+  http,
+  monitorPasses,
+  startTestServer,
+  type Res,
+  type TestServer,
+} from '../support/harness.js';
 
 const WORKER_TOKEN = 'drain-worker-token';
 const SCRAPE_MS = 1000;
@@ -37,12 +43,7 @@ describe('draining a worker', () => {
     (
       (await s.admin('GET', '/projects/dp/endpoints')).body.data as Array<Record<string, unknown>>
     )[0]!;
-  const pass = async (ms: number) => {
-    for (let t = 0; t < ms; t += SCRAPE_MS) {
-      s.clock.advance(SCRAPE_MS);
-      await s.services.monitor.settled();
-    }
-  };
+  const pass = (ms: number) => monitorPasses(s, ms, SCRAPE_MS);
   /** Which workers served `n` requests. */
   const served = async (n: number) => {
     const seen = new Set<string>();

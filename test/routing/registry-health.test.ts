@@ -8,7 +8,13 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import { http, startTestServer, type Res, type TestServer } from '../support/harness.js';
+import {
+  http,
+  monitorPasses,
+  startTestServer,
+  type Res,
+  type TestServer,
+} from '../support/harness.js';
 
 const WORKER_TOKEN = 'test-worker-token';
 const HEARTBEAT_MS = 5000;
@@ -32,12 +38,7 @@ describe('worker registry and health', () => {
       body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
     });
   /** Advances the fake clock by whole monitor periods, letting each pass finish. */
-  const pass = async (ms: number) => {
-    for (let t = 0; t < ms; t += SCRAPE_MS) {
-      s.clock.advance(SCRAPE_MS);
-      await s.services.monitor.settled();
-    }
-  };
+  const pass = (ms: number) => monitorPasses(s, ms, SCRAPE_MS);
 
   before(async () => {
     s = await startTestServer({

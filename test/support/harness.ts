@@ -211,3 +211,11 @@ export async function seedProject(
     key: String(k.body.key),
   };
 }
+
+/** Advances the fake clock by whole worker-monitor periods, letting each pass finish. */
+export async function monitorPasses(s: TestServer, ms: number, periodMs: number): Promise<void> {
+  for (let t = 0; t < ms; t += periodMs) {
+    s.clock.advance(periodMs);
+    await s.services.monitor.settled();
+  }
+}
