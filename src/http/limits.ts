@@ -122,6 +122,11 @@ export function tooManyRequests(
   });
 }
 
+/** A key's quota: `requests` per rolling `windowSeconds`, one window per key. */
+function quotaRule(keyId: string, requests: number, windowSeconds: number): Rule {
+  return { kind: 'window', key: `quota:${keyId}`, limit: requests, windowMs: windowSeconds * 1000 };
+}
+
 export class Limits {
   constructor(
     private readonly backend: LimiterBackend,
@@ -171,12 +176,7 @@ export class Limits {
       });
     }
     shown.push(rules.length);
-    rules.push({
-      kind: 'window',
-      key: `quota:${s.keyId}`,
-      limit: s.quotaRequests,
-      windowMs: s.quotaWindow * 1000,
-    });
+    rules.push(quotaRule(s.keyId, s.quotaRequests, s.quotaWindow));
     shown.push(rules.length);
     rules.push({
       kind: 'window',
@@ -210,17 +210,7 @@ export class Limits {
    * Throws 429 `rate_limit_exceeded` with `Retry-After` past it.
    */
   async keyQuota(key: { id: string; quotaRequests: number; quotaWindow: number }): Promise<void> {
-    const ds = await this.acquire(
-      [
-        {
-          kind: 'window',
-          key: `quota:${key.id}`,
-          limit: key.quotaRequests,
-          windowMs: key.quotaWindow * 1000,
-        },
-      ],
-      'quota',
-    );
+    const ds = await this.acquire([quotaRule(key.id, key.quotaRequests, key.quotaWindow)], 'quota');
     if (ds && !ds[0]!.allowed) {
       throw rateLimited(ds[0]!, rateHeaders(ds[0]!), "The API key's request quota is used up.");
     }
