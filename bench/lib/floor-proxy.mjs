@@ -8,20 +8,28 @@
  * is the difference between the two, whatever the machine's speed that day.
  *
  * CLI: node bench/lib/floor-proxy.mjs <worker base URL, …/v1>
+ * FLOOR_SPIN_US=N adds a busy loop of N µs to every request (bench/floor-spin.mjs).
  * Prints `floor proxy listening on http://127.0.0.1:<port>`.
  */
 import { Buffer } from 'node:buffer';
 import { createServer } from 'node:http';
+import { performance } from 'node:perf_hooks';
 import { Pool } from 'undici';
 
 const upstream = new URL(process.argv[2] ?? '');
 const base = upstream.pathname.replace(/\/$/, '');
 const pool = new Pool(upstream.origin, { connections: 256, keepAliveTimeout: 60_000 });
 
+const SPIN_MS = Number(process.env.FLOOR_SPIN_US ?? 0) / 1000;
 const server = createServer(async (req, res) => {
   try {
     const chunks = [];
     for await (const c of req) chunks.push(c);
+    // bench/floor-spin.mjs: extra CPU per request, as a busy loop, and nothing else.
+    if (SPIN_MS > 0) {
+      const end = performance.now() + SPIN_MS;
+      while (performance.now() < end);
+    }
     // `/v1/chat/completions` here → `<base>/chat/completions` on the worker.
     const path = base + (req.url ?? '/').replace(/^\/v1/, '');
     const up = await pool.request({
