@@ -13,18 +13,17 @@
  *   npm run build && node bench/floor-spin.mjs [--spins=0,60,130] [--rate=1000]
  *     [--seconds=10] [--rounds=2] [--storage=postgres|pglite]
  */
-import { execFileSync } from 'node:child_process';
 import { parseArgs } from 'node:util';
 import { runOpenLoop } from './lib/open-loop.mjs';
 import {
   cpuBetween,
   installCleanup,
+  pinSelf,
   schedOf,
-  startService,
   stopProcess,
   waitIdle,
 } from './lib/procs.mjs';
-import { binNodeFlags, startStack } from './lib/services.mjs';
+import { startFloor, startStack } from './lib/services.mjs';
 import { CHAT_BODY } from './lib/setup.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 
@@ -55,7 +54,7 @@ function log(msg) {
 
 checkWrk();
 installCleanup();
-execFileSync('taskset', ['-a', '-cp', String(LOAD_CPU), String(process.pid)], { stdio: 'ignore' });
+pinSelf(LOAD_CPU);
 
 /** Warm-up (wrk 4 s, 2 s at the rate), then the measured run: p50/p99 and CPU per request. */
 async function measure(pid, url, headers = {}) {
@@ -91,19 +90,8 @@ try {
     add('direct', d);
     for (const spin of SPINS) {
       log(`round ${round}: floor, ${spin} µs of busy loop per request`);
-      const floor = await startService({
-        name: 'floor proxy',
-        cpu: TARGET_CPU,
-        cmd: process.execPath,
-        args: [
-          ...binNodeFlags(),
-          new URL('./lib/floor-proxy.mjs', import.meta.url).pathname,
-          stack.sim.url,
-        ],
-        env: { ...process.env, FLOOR_SPIN_US: String(spin) },
-        ready: /listening on (http:\S+)/,
-      });
-      const m = await measure(floor.pid, `${floor.match[1]}/v1/chat/completions`);
+      const floor = await startFloor({ cpu: TARGET_CPU, simUrl: stack.sim.url, spinUs: spin });
+      const m = await measure(floor.pid, `${floor.url}/v1/chat/completions`);
       add(`floor + ${spin} µs`, { ...m, added: m.p99 - d.p99 });
       await stopProcess(floor.child);
     }

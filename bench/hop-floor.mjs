@@ -21,7 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { fetch } from 'undici';
 import { installCleanup, hasCommand, runProcess, startService, stopAll } from './lib/procs.mjs';
-import { binNodeFlags, startSim } from './lib/services.mjs';
+import { startFloor, startSim } from './lib/services.mjs';
 import { CHAT_BODY } from './lib/setup.mjs';
 import { freePort } from './lib/peer.mjs';
 
@@ -126,19 +126,8 @@ try {
   const sim = await startSim({ cpu: LOAD_CPU });
   const direct = `${sim.url}/chat/completions`;
   const nginx = await startNginx(sim.url, dir);
-  const floor = await startService({
-    name: 'floor proxy',
-    cpu: ROUTER_CPU,
-    cmd: process.execPath,
-    args: [
-      ...binNodeFlags(),
-      fileURLToPath(new URL('./lib/floor-proxy.mjs', import.meta.url)),
-      sim.url,
-    ],
-    env: process.env,
-    ready: /floor proxy listening on (http:\/\/127\.0\.0\.1:\d+)/,
-  });
-  const targets = { direct, nginx, node: `${floor.match[1]}/v1/chat/completions` };
+  const floor = await startFloor({ cpu: ROUTER_CPU, simUrl: sim.url });
+  const targets = { direct, nginx, node: `${floor.url}/v1/chat/completions` };
   const rows = [];
   for (let round = 1; round <= ROUNDS; round++) {
     const r = {};

@@ -14,18 +14,17 @@
  *   npm run build && node bench/rates.mjs [--rates=250,500,1000,2000] [--seconds=8]
  *     [--storage=postgres|pglite]
  */
-import { execFileSync } from 'node:child_process';
 import { parseArgs } from 'node:util';
 import { runOpenLoop } from './lib/open-loop.mjs';
 import {
   cpuBetween,
   installCleanup,
+  pinSelf,
   schedOf,
-  startService,
   stopProcess,
   waitIdle,
 } from './lib/procs.mjs';
-import { binNodeFlags, startStack } from './lib/services.mjs';
+import { startFloor, startStack } from './lib/services.mjs';
 import { CHAT_BODY } from './lib/setup.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 
@@ -52,7 +51,7 @@ function log(msg) {
 
 checkWrk();
 installCleanup();
-execFileSync('taskset', ['-a', '-cp', String(LOAD_CPU), String(process.pid)], { stdio: 'ignore' });
+pinSelf(LOAD_CPU);
 
 /** Saturation, then each rate: `{ rate: 'wrk' | number, usPerRequest, p50, p99 }[]`. */
 async function measure(name, pid, url, headers) {
@@ -101,19 +100,8 @@ try {
     authorization: `Bearer ${stack.reg.key}`,
   });
   await stopProcess(stack.router.child);
-  const floor = await startService({
-    name: 'floor proxy',
-    cpu: TARGET_CPU,
-    cmd: process.execPath,
-    args: [
-      ...binNodeFlags(),
-      new URL('./lib/floor-proxy.mjs', import.meta.url).pathname,
-      stack.sim.url,
-    ],
-    env: process.env,
-    ready: /listening on (http:\S+)/,
-  });
-  const floorRows = await measure('floor', floor.pid, `${floor.match[1]}/v1/chat/completions`, {});
+  const floor = await startFloor({ cpu: TARGET_CPU, simUrl: stack.sim.url });
+  const floorRows = await measure('floor', floor.pid, `${floor.url}/v1/chat/completions`, {});
 
   const out = [
     `CPU per request against the arrival rate (router: --storage=${opts.storage}; ${SECONDS} s per rate)`,

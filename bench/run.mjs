@@ -41,7 +41,6 @@
  *
  * Every child process is killed on exit, on error and on SIGINT. Only 127.0.0.1.
  */
-import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   existsSync,
@@ -63,6 +62,7 @@ import {
   hasCommand,
   installCleanup,
   memoryOf,
+  pinSelf,
   runProcess,
   schedOf,
   setNiceness,
@@ -78,7 +78,7 @@ import { diff } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
 import { createDatabase } from './lib/postgres.mjs';
 import { ensurePeer, freePort, PEER_NAME, peerHeaders } from './lib/peer.mjs';
-import { binNodeFlags, startRouter, startSim } from './lib/services.mjs';
+import { startFloor, startRouter, startSim } from './lib/services.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const RESULTS = join(ROOT, 'bench', 'results');
@@ -165,13 +165,6 @@ function preflight() {
   if (os.availableParallelism() < 2) {
     throw new Error('the benchmark pins the router and the load to separate CPUs; it needs 2 CPUs');
   }
-}
-
-/** Pins this process (all its threads) to the load CPU, away from the router's. */
-function pinSelf() {
-  execFileSync('taskset', ['-a', '-cp', String(LOAD_CPU), String(process.pid)], {
-    stdio: 'ignore',
-  });
 }
 
 async function startPeer() {
@@ -499,21 +492,13 @@ async function start(dataDir, nodeArgs, databaseUrl) {
   let floor = null;
   let floored = null;
   if (opts.floor && !opts.profile) {
-    floor = await startService({
-      name: 'floor proxy',
-      cpu: ROUTER_CPU,
-      cmd: process.execPath,
-      // The router's V8 flags, so the floor differs from it by the logic alone.
-      args: [...binNodeFlags(), join(ROOT, 'bench', 'lib', 'floor-proxy.mjs'), sim.url],
-      env: process.env,
-      ready: /floor proxy listening on (http:\/\/127\.0\.0\.1:\d+)/,
-    });
+    floor = await startFloor({ cpu: ROUTER_CPU, simUrl: sim.url });
     floored = {
       name: 'floor',
       process: 'floor proxy',
       pid: floor.pid,
       cpu: ROUTER_CPU,
-      url: `${floor.match[1]}/v1/chat/completions`,
+      url: `${floor.url}/v1/chat/completions`,
       headers: { 'content-type': 'application/json' },
     };
     await sanityCheck(floored);
@@ -733,7 +718,7 @@ installCleanup();
 try {
   preflight();
   const host = machine(); // before pinning: nproc counts the CPUs this process may use
-  pinSelf();
+  pinSelf(LOAD_CPU);
   if (!Number.isInteger(NICE) || NICE < -20 || NICE > 19) throw new Error('--nice takes -20..19');
   setNiceness(NICE);
   if (opts.profile) await profile();

@@ -40,7 +40,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { fetch } from 'undici';
 import { createDatabase } from './lib/postgres.mjs';
-import { installCleanup, runProcess, startService, stopAll } from './lib/procs.mjs';
+import { installCleanup, pinSelf, runProcess, startService, stopAll } from './lib/procs.mjs';
 import { startRouter } from './lib/services.mjs';
 import { CHAT_BODY, register } from './lib/setup.mjs';
 import {
@@ -159,7 +159,7 @@ function startSchedRecord(dir) {
 
 installCleanup();
 // This script stays off the router's CPU, as bench/run.mjs does.
-execFileSync('taskset', ['-a', '-cp', String(LOAD_CPU), String(process.pid)], { stdio: 'ignore' });
+pinSelf(LOAD_CPU);
 const dataDir = mkdtempSync(join(os.tmpdir(), 'switchyard-tail-'));
 const schedDir = existsSync('/dev/shm') ? mkdtempSync('/dev/shm/switchyard-tail-') : dataDir;
 const db =

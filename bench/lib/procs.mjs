@@ -6,7 +6,7 @@
  * (router, sim) are awaited until they print a ready line; one-shot children
  * (wrk, load clients) are bounded by a hard timeout after which they are killed.
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 
 /** @type {Set<import('node:child_process').ChildProcess>} */
@@ -20,6 +20,11 @@ function alive(child) {
 export function killAllNow() {
   for (const c of children) if (alive(c)) c.kill('SIGKILL');
   children.clear();
+}
+
+/** Pins this process (all its threads) to `cpu`, away from the measured process's CPU. */
+export function pinSelf(cpu) {
+  execFileSync('taskset', ['-a', '-cp', String(cpu), String(process.pid)], { stdio: 'ignore' });
 }
 
 /** SIGTERM, then SIGKILL after `graceMs`; resolves when the child has exited. */

@@ -40,6 +40,23 @@ export async function startSim({ cpu, simArgs = [] }) {
   return { ...s, url: s.match[1] };
 }
 
+/**
+ * The no-logic floor (lib/floor-proxy.mjs) in front of `simUrl` (…/v1), with the
+ * router's V8 flags so the two differ by the logic alone. `spinUs` adds a busy loop
+ * per request (bench/floor-spin.mjs). Resolves with `url` (its base URL).
+ */
+export async function startFloor({ cpu, simUrl, spinUs = 0 }) {
+  const s = await startService({
+    name: 'floor proxy',
+    cpu,
+    cmd: process.execPath,
+    args: [...binNodeFlags(), fileURLToPath(new URL('./floor-proxy.mjs', import.meta.url)), simUrl],
+    env: { ...process.env, FLOOR_SPIN_US: String(spinUs) },
+    ready: /floor proxy listening on (http:\/\/127\.0\.0\.1:\d+)/,
+  });
+  return { ...s, url: s.match[1] };
+}
+
 /** Resolves with `url` (the router's base URL). `extraEnv` adds or overrides settings. */
 export async function startRouter({
   cpu,
