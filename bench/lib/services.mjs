@@ -57,8 +57,13 @@ export async function startFloor({ cpu, simUrl, spinUs = 0 }) {
   return { ...s, url: s.match[1] };
 }
 
-/** Resolves with `url` (the router's base URL). `extraEnv` adds or overrides settings. */
+/**
+ * Resolves with `url` (the router's base URL). `extraEnv` adds or overrides settings;
+ * `bin` runs another checkout's build (bench/ab.mjs), with that binary's own flags.
+ */
 export async function startRouter({
+  bin = BIN,
+  name = 'router',
   cpu,
   dataDir,
   token,
@@ -82,10 +87,10 @@ export async function startRouter({
   delete env.REDIS_URL;
   if (databaseUrl) env.DATABASE_URL = databaseUrl;
   const s = await startService({
-    name: 'router',
+    name,
     cpu,
     cmd: process.execPath,
-    args: [...binNodeFlags(), ...nodeArgs, BIN, 'serve'],
+    args: [...binNodeFlags(bin), ...nodeArgs, bin, 'serve'],
     env,
     ready: /Switchyard listening on (http:\/\/127\.0\.0\.1:\d+)/,
     timeoutMs: 60_000,

@@ -21,10 +21,16 @@ if (process.env.CI === 'true' && !process.env.TEST_DATABASE_URL) {
   throw new Error('CI=true but TEST_DATABASE_URL is unset: the PostgreSQL path must run in CI');
 }
 
+/**
+ * PGlite as the router runs it, in its worker thread (the rest of the suite opens it
+ * in-process, test/support/harness.ts).
+ */
+const THREAD = { thread: true };
+
 for (const driver of drivers()) {
   describe(`storage contract on ${driver}`, () => {
     it('applies every migration and seeds the four tiers as data', async () => {
-      const db = await freshDatabase(driver);
+      const db = await freshDatabase(driver, THREAD);
       try {
         assert.equal(db.store.driver, driver);
         assert.equal(await db.store.ping(), true);
@@ -73,7 +79,7 @@ for (const driver of drivers()) {
     });
 
     it('records applied migrations and re-running them is a no-op', async () => {
-      const db = await freshDatabase(driver);
+      const db = await freshDatabase(driver, THREAD);
       try {
         const r = await db.store.db.execute(
           sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
@@ -96,7 +102,7 @@ for (const driver of drivers()) {
     });
 
     it('enforces the schema: unique slugs, endpoint statuses, tier references', async () => {
-      const db = await freshDatabase(driver);
+      const db = await freshDatabase(driver, THREAD);
       const d = db.store.db;
       try {
         const now = new Date();
