@@ -37,7 +37,7 @@ export interface TestDatabase {
  * A fresh, migrated database on the driver. PGlite runs in the test's own thread
  * unless `thread` is set: starting the router's PGlite worker thread (which loads
  * tsx, PGlite and its WebAssembly again in a new isolate) doubled the cost of each
- * of the suite's hundreds of opens (about 2.5 s against 1.1 s on 2 cores). The
+ * open (2.2–2.7 s against 1.1–1.2 s, measured back to back on 2 cores). The
  * thread client itself runs the storage contract (test/store/contract.test.ts) and
  * serves every spawned `switchyard serve` of the process tests.
  */
