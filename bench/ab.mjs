@@ -14,6 +14,9 @@
  *   npm run build && node bench/ab.mjs --base=/tmp/base [--rounds=4] [--rate=1000] [--seconds=8]
  *   node bench/ab.mjs --base=. --b-args="--max-semi-space-size=8"
  */
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createDatabase } from './lib/postgres.mjs';
@@ -21,10 +24,8 @@ import { runOpenLoop } from './lib/open-loop.mjs';
 import { cpuBetween, installCleanup, pinSelf, schedOf, stopAll, waitIdle } from './lib/procs.mjs';
 import { BIN, startRouter, startSim } from './lib/services.mjs';
 import { CHAT_BODY, register } from './lib/setup.mjs';
+import { percentile } from './lib/stats.mjs';
 import { checkWrk, runWrk } from './lib/wrk.mjs';
-import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
 
 const TARGET_CPU = 0;
 const LOAD_CPU = 1;
@@ -125,11 +126,12 @@ async function round(b) {
   );
 }
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
+/** The median as every bench table gives it: the nearest-rank p50 (lib/stats.mjs). */
+const median = (xs) =>
+  percentile(
+    [...xs].sort((a, b) => a - b),
+    50,
+  );
 
 try {
   const sim = await startSim({ cpu: LOAD_CPU });
