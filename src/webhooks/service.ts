@@ -39,7 +39,9 @@ const metadata = z
 const eventsList = z
   .array(z.string().refine((t) => ALL_EVENT_TYPES.includes(t), { message: 'unknown event type' }))
   .min(1, 'must list at least one event type')
-  .max(64);
+  .max(64)
+  // A type listed twice is one subscription: stored and shown once.
+  .transform((types) => [...new Set(types)]);
 
 const createBody = z
   .object({

@@ -83,6 +83,15 @@ describe('webhook API', () => {
     assert.equal(Number(u.body.updated_at) - Number(u.body.created_at), 2);
     const m = await call('PUT', `${base}/${id}`, { metadata: { x: '1' }, is_active: true });
     assert.deepEqual(m.body.metadata, { x: '1' });
+    // The limit itself is allowed (16 pairs), and a type listed twice is kept once.
+    const sixteen = Object.fromEntries(Array.from({ length: 16 }, (_, i) => [`k${i}`, 'v']));
+    const full = await call('PUT', `${base}/${id}`, {
+      metadata: sixteen,
+      events: ['exec.completed', 'exec.failed', 'exec.completed'],
+    });
+    assert.equal(full.status, 200, full.text);
+    assert.deepEqual(full.body.metadata, sixteen);
+    assert.deepEqual(full.body.events, ['exec.completed', 'exec.failed']);
     const empty = await call('PUT', `${base}/${id}`, { events: [] });
     assert.equal(empty.status, 400);
     assert.equal(err(empty).param, 'events');

@@ -96,6 +96,11 @@ describe('webhook delivery schedule', () => {
       assert.equal(stub.received.at(-1)!.at, expectedAt);
     }
     assert.equal(stub.received.length, 6);
+    // The spec's schedule, written out: a wrong constant must fail this test.
+    assert.deepEqual(
+      stub.received.slice(1).map((r, i) => r.at - stub.received[i]!.at),
+      [60_000, 300_000, 900_000, 3_600_000, 14_400_000],
+    );
     const d = await delivery(id);
     assert.equal(d.status, 'failed');
     assert.equal(d.attemptCount, 6);
@@ -166,7 +171,14 @@ describe('webhook delivery schedule', () => {
     // The claim is a database round trip (PGlite answers from its own thread).
     for (const until = Date.now() + 10_000; s.clock.pendingTimers === 0 && Date.now() < until;)
       await new Promise((r) => setTimeout(r, 1));
-    s.clock.advance(30_000);
+    s.clock.advance(29_999);
+    // Still waiting 1 ms before the 30 s limit: the attempt has not ended.
+    const early = await Promise.race([
+      running.then(() => 'ended'),
+      new Promise((r) => setTimeout(r, 50, 'waiting')),
+    ]);
+    assert.equal(early, 'waiting');
+    s.clock.advance(1);
     assert.equal(await running, 1);
     const d = await delivery(id);
     assert.equal(d.status, 'pending');
