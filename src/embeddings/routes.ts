@@ -304,7 +304,7 @@ export function embeddingRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     const pooling = new Pooling(s);
     // The key answers before a malformed body (http/json-body.ts).
-    deferJsonErrors(app);
+    deferJsonErrors(app, s.verifier);
     app.post('/:projectId/:endpointSlug/v1/embeddings', pooling.handler('embeddings'));
     app.post('/:projectId/:endpointSlug/v1/rerank', pooling.handler('rerank'));
     app.post('/:projectId/:endpointSlug/v1/score', pooling.handler('score'));

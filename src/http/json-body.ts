@@ -8,10 +8,17 @@
  * this parser a body that does not decode is kept as an `UndecodableBody`, and
  * `decoded()` throws its error once the handler has checked the key. Fastify's own
  * JSON parser still does the decoding (prototype-poisoning checks included).
+ *
+ * A body Fastify refuses before any parser sees it (413 past the body limit, 415
+ * not JSON, a bad Content-Length) goes to the error handler instead; in these
+ * scopes that handler checks the key first, so a request without a valid key gets
+ * its 401 whatever it sent. Only refused requests pay for it.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyError, FastifyInstance } from 'fastify';
 import { ServiceError } from '../errors/index.js';
-import { toServiceError } from './errors.js';
+import type { KeyVerifier } from '../keys/index.js';
+import { authenticateKey } from './auth.js';
+import { errorHandler, toServiceError } from './errors.js';
 
 export class UndecodableBody {
   constructor(readonly error: ServiceError) {}
@@ -36,8 +43,32 @@ export function emptyJsonIsObject(app: FastifyInstance): void {
   );
 }
 
-/** Installs the deferring parser for `application/json` in this plugin's scope. */
-export function deferJsonErrors(app: FastifyInstance): void {
+/** Fastify's refusals of a body before decoding (errors.ts maps them to 413, 415, 400). */
+const BODY_REFUSALS = new Set([
+  'FST_ERR_CTP_BODY_TOO_LARGE',
+  'FST_ERR_CTP_INVALID_MEDIA_TYPE',
+  'FST_ERR_CTP_INVALID_CONTENT_LENGTH',
+]);
+
+/**
+ * Installs the deferring parser for `application/json` in this plugin's scope, and
+ * an error handler that answers a refused body only after the `inference` key check
+ * of the route's `:projectId` has passed.
+ */
+export function deferJsonErrors(app: FastifyInstance, verifier: KeyVerifier): void {
+  app.setErrorHandler(async (err, request, reply) => {
+    if (BODY_REFUSALS.has((err as Partial<FastifyError>).code ?? '')) {
+      const { projectId } = request.params as { projectId: string };
+      try {
+        await authenticateKey(verifier, request, projectId, 'inference');
+      } catch (keyError) {
+        errorHandler(keyError, request, reply);
+        return reply;
+      }
+    }
+    errorHandler(err, request, reply);
+    return reply;
+  });
   const json = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser<string>(

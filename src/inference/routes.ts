@@ -24,7 +24,7 @@ export function inferenceRoutes(s: Services): FastifyPluginAsync {
       sloTargets: (endpointId) => s.slos.targets(endpointId),
     });
     // The key is checked in the handler; a malformed body must not answer first.
-    deferJsonErrors(app);
+    deferJsonErrors(app, s.verifier);
     app.post('/:projectId/:endpointSlug/v1/chat/completions', chat.handle);
   };
 }

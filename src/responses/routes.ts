@@ -421,7 +421,7 @@ export function responsesRoutes(s: Services): FastifyPluginAsync {
       app,
       new ConversationService(s.store.db, s.clock, () => s.dispatcher.poke()),
     );
-    deferJsonErrors(app);
+    deferJsonErrors(app, s.verifier);
     const base = '/:projectId/:endpointSlug/v1/responses';
     app.post(base, api.create);
     app.get(`${base}/:responseId`, api.retrieve);

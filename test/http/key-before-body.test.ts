@@ -18,7 +18,9 @@ describe('the key before the body', () => {
   let p: Awaited<ReturnType<typeof seedProject>>;
   before(async () => {
     // Webhook URLs on loopback (no DNS needed); a worker so the chat route gets to its body.
-    s = await startTestServer({ env: { SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8' } });
+    s = await startTestServer({
+      env: { SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8', SWITCHYARD_MAX_BODY_BYTES: '65536' },
+    });
     w = await startSimWorker({ model: 'test-model' });
     p = await seedProject(s, {
       slug: 'kbb',
@@ -59,6 +61,44 @@ describe('the key before the body', () => {
           assert.equal(r.status, 401, `${path} ${auth ?? 'no key'} ${JSON.stringify(rawBody)}`);
           assert.equal((r.body.error as Record<string, unknown>).code, code, r.text);
         }
+      }
+    }
+  });
+
+  it('a body refused before decoding (413 too large, 415 not JSON): 401 first without a key', async () => {
+    const paths = [
+      ...routes().map(([, path]) => path!),
+      `/${p.projectId}/main/v1/embeddings`,
+      `/${p.projectId}/main/v1/responses`,
+    ];
+    const big = JSON.stringify({
+      model: 'm',
+      messages: [{ role: 'user', content: 'x'.repeat(70_000) }],
+    });
+    const bodies = [
+      { rawBody: big, headers: JSON_TYPE, status: 413, code: 'payload_too_large' },
+      {
+        rawBody: '<a/>',
+        headers: { 'content-type': 'application/xml' },
+        status: 415,
+        code: 'unsupported_media_type',
+      },
+    ];
+    for (const path of paths) {
+      const exec = path.includes('/v1/exec/');
+      for (const b of bodies) {
+        const anonymous = await http('POST', `${s.url}${path}`, b);
+        assert.equal(anonymous.status, 401, `${path} ${b.status} without a key: ${anonymous.text}`);
+        const code = (anonymous.body.error as Record<string, unknown>).code;
+        assert.equal(code, exec ? 'authentication_required' : 'missing_api_key', path);
+        const bad = await http('POST', `${s.url}${path}`, {
+          ...b,
+          auth: `Bearer swy_kbb_${'x'.repeat(43)}`,
+        });
+        assert.equal(bad.status, 401, `${path} ${b.status} with an unknown key`);
+        const keyed = await http('POST', `${s.url}${path}`, { ...b, auth: `Bearer ${p.key}` });
+        assert.equal(keyed.status, b.status, `${path} with the key: ${keyed.text}`);
+        assert.equal((keyed.body.error as Record<string, unknown>).code, b.code, path);
       }
     }
   });
