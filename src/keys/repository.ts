@@ -3,7 +3,7 @@
  * `api_keys` and `api_key_secrets`.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, isNull, lte } from 'drizzle-orm';
+import { and, asc, eq, gt, isNull, lte } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 import { displayPrefix, generateKey, parseKey } from './format.js';
@@ -139,15 +139,33 @@ export class KeyRepository {
       if (row.expiresAt && row.expiresAt.getTime() <= now.getTime()) {
         throw new InactiveKeyError('expired');
       }
-      // The value rotated out keeps the scopes it was issued with for its grace
-      // period, whatever scopes the rotation gives the new one.
+      // The value rotated out keeps working for its grace period with the scopes it
+      // was issued with that the key still has. A scope the rotation removes leaves
+      // every older value at once (one that kept `management` could rotate the key
+      // back up); a scope it adds goes to the new value only.
+      const keep = (held: string[]) =>
+        opts.scopes ? held.filter((x) => opts.scopes!.includes(x as Scope)) : held;
       await tx
         .update(apiKeySecrets)
-        .set({ validUntil: new Date(now.getTime() + opts.graceMs), scopes: row.scopes })
+        .set({ validUntil: new Date(now.getTime() + opts.graceMs), scopes: keep(row.scopes) })
         .where(and(eq(apiKeySecrets.keyId, id), isNull(apiKeySecrets.validUntil)));
       await tx
         .delete(apiKeySecrets)
         .where(and(eq(apiKeySecrets.keyId, id), lte(apiKeySecrets.validUntil, now)));
+      if (opts.scopes) {
+        const older = await tx
+          .select({ hash: apiKeySecrets.hash, scopes: apiKeySecrets.scopes })
+          .from(apiKeySecrets)
+          .where(and(eq(apiKeySecrets.keyId, id), gt(apiKeySecrets.validUntil, now)));
+        for (const o of older) {
+          const kept = keep(o.scopes ?? []);
+          if (kept.length === (o.scopes ?? []).length) continue;
+          await tx
+            .update(apiKeySecrets)
+            .set({ scopes: kept })
+            .where(eq(apiKeySecrets.hash, o.hash));
+        }
+      }
       await tx.insert(apiKeySecrets).values({ hash, keyId: id, validUntil: null, createdAt: now });
       await tx
         .update(apiKeys)

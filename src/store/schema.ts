@@ -203,8 +203,8 @@ export const apiKeySecrets = pgTable(
     /** Null for the current value; the end of the grace period for a rotated-out one. */
     validUntil: timestamp('valid_until', { withTimezone: true, mode: 'date' }),
     /**
-     * A rotated-out value's scopes: the key's when the value was rotated out, so a
-     * rotation that changes the scopes does not change what the old value may do.
+     * A rotated-out value's scopes: the key's when the value was rotated out, less
+     * any scope a later rotation removed from the key (keys/repository.ts `rotate`).
      * Null for the current value (the key's scopes apply).
      */
     scopes: jsonb('scopes').$type<string[]>(),

@@ -5,8 +5,9 @@
  * - a key grants nothing beyond what it holds: `inference` always, any other scope
  *   only if the caller has it, on creation and on the value a rotation hands back;
  * - a key bound to an endpoint cannot manage the project's keys;
- * - a rotated-out value keeps the scopes it was issued with for its grace period,
- *   whatever the rotation gives the new value (neither losing nor gaining any).
+ * - a rotated-out value keeps, for its grace period, the scopes it was issued with
+ *   that the key still has: a rotation that removes a scope removes it from every
+ *   older value at once; one that adds a scope gives it to the new value only.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -80,22 +81,54 @@ describe('key management security', () => {
     }
   });
 
-  it('a rotated-out value keeps the scopes it was issued with', async () => {
+  it('a rotated-out value keeps only the scopes the key still has', async () => {
     const models = `/${p.projectId}/v1/models`;
     const wide = await operatorKey({ scopes: ['management', 'inference'] });
-    // inference -> management: the old value still reads models, and gains no key access.
+    // inference -> inference + management: the old value reads models and gains no key access.
     const k = await operatorKey({ scopes: ['inference'] });
-    const r = await s.call('POST', keys(`/${k.id}/rotate`), {
+    const up = await s.call('POST', keys(`/${k.id}/rotate`), {
       key: wide.key,
-      body: { scopes: ['management'] },
+      body: { scopes: ['inference', 'management'] },
     });
-    assert.equal(r.status, 200, r.text);
+    assert.equal(up.status, 200, up.text);
     assert.equal((await s.call('GET', models, { key: k.key })).status, 200);
     const escalated = await s.call('GET', keys(), { key: k.key });
     assert.equal(escalated.status, 403);
     assert.equal(err(escalated).code, 'scope_insufficient');
-    // The new value has the new scopes.
-    const fresh = String(r.body.key);
+    const second = String(up.body.key);
+    assert.equal((await s.call('GET', keys(), { key: second })).status, 200);
+
+    // Down to inference again: `management` leaves every older value at once, so the
+    // value rotated out cannot rotate the key back up or mint a management key; it
+    // still serves inference for its grace period.
+    const down = await s.call('POST', keys(`/${k.id}/rotate`), {
+      key: wide.key,
+      body: { scopes: ['inference'] },
+    });
+    assert.equal(down.status, 200, down.text);
+    for (const old of [second, k.key]) {
+      assert.equal((await s.call('GET', models, { key: old })).status, 200);
+      const back = await s.call('POST', keys(`/${k.id}/rotate`), {
+        key: old,
+        body: { scopes: ['inference', 'management'] },
+      });
+      assert.equal(back.status, 403, back.text);
+      assert.equal(err(back).code, 'scope_insufficient');
+      const mint = await s.call('POST', keys(), { key: old, body: { scopes: ['management'] } });
+      assert.equal(mint.status, 403, mint.text);
+    }
+
+    // A rotation that drops every scope an old value had leaves it valid but empty.
+    const m = await operatorKey({ scopes: ['inference'] });
+    const swap = await s.call('POST', keys(`/${m.id}/rotate`), {
+      key: wide.key,
+      body: { scopes: ['management'] },
+    });
+    assert.equal(swap.status, 200, swap.text);
+    const gone = await s.call('GET', models, { key: m.key });
+    assert.equal(gone.status, 403);
+    assert.equal(err(gone).code, 'scope_insufficient');
+    const fresh = String(swap.body.key);
     assert.equal((await s.call('GET', keys(), { key: fresh })).status, 200);
     assert.equal((await s.call('GET', models, { key: fresh })).status, 403);
   });

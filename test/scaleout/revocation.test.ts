@@ -72,24 +72,27 @@ describe(
       const p = await seedProject(a, { slug: 'multi2', scopes: ['inference', 'management'] });
       const k = await a.call('POST', `/${p.projectId}/v1/keys`, {
         key: p.key,
-        body: { scopes: ['inference'] },
+        body: { scopes: ['inference', 'management'] },
       });
       const value = String(k.body.key);
       const models = `/${p.projectId}/v1/models`;
       const keys = `/${p.projectId}/v1/keys`;
+      // b has verified (and cached) the value with both scopes.
       assert.equal((await b.call('GET', models, { key: value })).status, 200);
+      assert.equal((await b.call('GET', keys, { key: value })).status, 200);
       const r = await a.call('POST', `${keys}/${String(k.body.id)}/rotate`, {
         key: p.key,
-        body: { scopes: ['management'] },
+        body: { scopes: ['inference'] },
       });
       assert.equal(r.status, 200, r.text);
       const fresh = String(r.body.key);
-      // The old value keeps what it was issued with (its grace period), nothing more...
+      // The old value keeps inference for its grace period, and loses management on
+      // the other instance at once...
       assert.equal((await b.call('GET', models, { key: value })).status, 200);
       assert.equal((await b.call('GET', keys, { key: value })).status, 403);
-      // ...and the new value has the new scopes on the other instance at once.
-      assert.equal((await b.call('GET', keys, { key: fresh })).status, 200);
-      assert.equal((await b.call('GET', models, { key: fresh })).status, 403);
+      // ...and the new value has the new scopes there too.
+      assert.equal((await b.call('GET', models, { key: fresh })).status, 200);
+      assert.equal((await b.call('GET', keys, { key: fresh })).status, 403);
     });
   },
 );
