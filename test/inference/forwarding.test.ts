@@ -3,7 +3,9 @@
  * - the spec's sampling defaults (temperature 0.7, top_p 0.9) when the client
  *   omitted them or sent null, so a third-party engine does not use its own;
  * - `max_tokens` / `max_completion_tokens` beyond 2^53 - 1 are accepted and clamped
- *   to the context window like any over-large value (spec, Limits), not rejected.
+ *   to the context window like any over-large value (spec, Limits), not rejected;
+ * - an unknown field nested too deeply to re-serialize is the client's 400 naming
+ *   it, never a worker failure (it used to be 502 and a breaker failure).
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -165,5 +167,28 @@ describe('the body a worker receives', () => {
       assert.equal(err.code, code, fields);
       assert.equal(err.param, param, fields);
     }
+  });
+
+  it('a field nested too deeply to forward: 400 naming it, and the worker is not blamed', async () => {
+    for (const depth of [5_000, 200_000]) {
+      for (const stream of [false, true]) {
+        const before = w.bodies.length;
+        const deep = `"extra":${'['.repeat(depth)}${']'.repeat(depth)}`;
+        const r = await send(stream ? `${deep},"stream":true` : deep);
+        assert.equal(r.status, 400, `${depth} levels, stream ${stream}: ${r.text}`);
+        const err = (JSON.parse(r.text) as { error: { code: string; param: string | null } }).error;
+        assert.equal(err.code, 'invalid_body');
+        if (depth === 5_000) assert.equal(err.param, 'extra');
+        assert.equal(w.bodies.length, before, 'nothing reached the worker');
+      }
+    }
+    // No failure counted against the worker (nor its breaker), and it serves the next one.
+    const metrics = (await fetch(`${s.url}/metrics`).then((r) => r.text())).split('\n');
+    assert.equal(
+      metrics.filter((l) => l.startsWith('switchyard_worker_errors_total{worker="rec"')).length,
+      0,
+      'no worker error recorded',
+    );
+    assert.equal((await send({})).status, 200);
   });
 });
