@@ -28,7 +28,7 @@ import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest 
 import { costMicrocents } from '../billing/gate.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
-import { deferJsonErrors } from '../http/json-body.js';
+import { clientJson, deferJsonErrors } from '../http/json-body.js';
 import { tooManyRequests } from '../http/limits.js';
 import {
   admitWorker,
@@ -142,7 +142,7 @@ function upstreamBody(job: Job, model: string): string {
   const body: Record<string, unknown> = { ...job.body };
   for (const f of ROUTER_ONLY_FIELDS) delete body[f];
   body.model = model;
-  return JSON.stringify(body);
+  return clientJson(body);
 }
 
 class Pooling {

@@ -92,3 +92,30 @@ export function decoded(body: unknown): unknown {
   if (body instanceof UndecodableBody) throw body.error;
   return body;
 }
+
+/**
+ * A client's body (or a body built around it) as JSON, to forward. `JSON.stringify`
+ * recurses: a field nested some thousands of levels deep, valid JSON that
+ * `JSON.parse` reads, overflows the stack. That is the client's fault, not a
+ * worker's or the router's: 400 `invalid_body` naming the top-level field.
+ */
+export function clientJson(body: Record<string, unknown>): string {
+  try {
+    return JSON.stringify(body);
+  } catch (err) {
+    if (!(err instanceof RangeError)) throw err;
+    let param: string | null = null;
+    for (const [k, v] of Object.entries(body)) {
+      try {
+        JSON.stringify(v);
+      } catch {
+        param = k;
+        break;
+      }
+    }
+    throw new ServiceError('invalid_body', {
+      message: 'The request body is nested too deeply.',
+      param,
+    });
+  }
+}

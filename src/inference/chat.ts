@@ -38,6 +38,7 @@ import type { UsageRecorder } from '../billing/usage-recorder.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import type { ExecService } from '../exec/service.js';
+import { clientJson } from '../http/json-body.js';
 import { tooManyRequests, type Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
 import { renderForIndex } from '../routing/prefix-index.js';
@@ -127,33 +128,6 @@ const ROUTER_ONLY_FIELDS = [
 const PRIORITY_MULTIPLIER = 1.25;
 
 type Outcome = 'completed' | 'error' | 'timeout' | 'cancelled';
-
-/**
- * The upstream body's JSON. `JSON.stringify` recurses: a field nested some thousands
- * of levels deep (valid JSON, which `JSON.parse` reads) overflows the stack. That is
- * the client's body, not a worker failure: 400 naming the field, and no worker is
- * blamed (this runs inside `send`'s try, whose catch fails over).
- */
-function serializeBody(body: Record<string, unknown>): string {
-  try {
-    return JSON.stringify(body);
-  } catch (err) {
-    if (!(err instanceof RangeError)) throw err;
-    let param: string | null = null;
-    for (const [k, v] of Object.entries(body)) {
-      try {
-        JSON.stringify(v);
-      } catch {
-        param = k;
-        break;
-      }
-    }
-    throw new ServiceError('invalid_body', {
-      message: 'The request body is nested too deeply.',
-      param,
-    });
-  }
-}
 
 function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Record<string, unknown> {
   const body: Record<string, unknown> = { ...req.body };
@@ -386,12 +360,13 @@ export class ChatCompletions {
         res = await d.upstream.post(
           run.worker.url,
           '/chat/completions',
-          serializeBody(priority === undefined ? run.body : { ...run.body, priority }),
+          clientJson(priority === undefined ? run.body : { ...run.body, priority }),
           signal,
           this.traceHeaders(run),
         );
       } catch (err) {
         // Connection refused or reset before headers: nothing reached the client yet.
+        // A ServiceError is the body's own (clientJson), no worker's fault.
         if (err instanceof ServiceError || signal.aborted || !this.failover(run)) throw err;
         d.logger.warn({ err, next: run.worker.id }, 'worker unreachable; failing over');
         continue;

@@ -37,7 +37,7 @@ import {
   internalCall,
   internalKeyCredential,
 } from '../http/internal-key.js';
-import { decoded, deferJsonErrors } from '../http/json-body.js';
+import { clientJson, decoded, deferJsonErrors } from '../http/json-body.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
@@ -225,7 +225,7 @@ class ResponsesApi {
       method: 'POST',
       url: `/${request.params.projectId}/${request.params.endpointSlug}/v1/chat/completions`,
       headers,
-      payload: JSON.stringify(body),
+      payload: clientJson(body as Record<string, unknown>),
       payloadAsStream: true,
     });
     const stream = res.stream();
