@@ -38,9 +38,29 @@ export function emptyJsonIsObject(app: FastifyInstance): void {
     { parseAs: 'string' },
     (request, body, done) => {
       if (body.length === 0) done(null, {});
-      else json(request, body, done);
+      else
+        json(request, body, (err, value) => done(err ? (protoRefusal(body) ?? err) : null, value));
     },
   );
+}
+
+/**
+ * The error for a body Fastify's JSON parser refused. It refuses valid JSON too: a
+ * key `__proto__` or `constructor` with a `prototype` (prototype poisoning), with
+ * the same "not valid JSON" error; such a body gets a message that says why. Only
+ * refused bodies are parsed a second time.
+ */
+function protoRefusal(body: string): ServiceError | null {
+  if (!/"(?:__proto__|constructor)"/.test(body)) return null;
+  try {
+    JSON.parse(body);
+  } catch {
+    return null; // not valid JSON after all
+  }
+  return new ServiceError('invalid_body', {
+    message:
+      'The request body is valid JSON but uses the key "__proto__" (or "constructor" with "prototype"), which is refused.',
+  });
 }
 
 /** Fastify's refusals of a body before decoding (errors.ts maps them to 413, 415, 400). */
@@ -81,7 +101,7 @@ export function deferJsonErrors(app: FastifyInstance, verifier: KeyVerifier): vo
         return;
       }
       json(request, body, (err, value) => {
-        done(null, err ? new UndecodableBody(toServiceError(err)) : value);
+        done(null, err ? new UndecodableBody(protoRefusal(body) ?? toServiceError(err)) : value);
       });
     },
   );

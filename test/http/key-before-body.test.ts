@@ -117,6 +117,25 @@ describe('the key before the body', () => {
     }
   });
 
+  it('valid JSON with a prototype-poisoning key: 400 that says why, not "not valid JSON"', async () => {
+    for (const [method, path] of routes()) {
+      for (const rawBody of [
+        '{"model":"m","messages":[],"metadata":{"__proto__":"x"}}',
+        '{"a":{"constructor":{"prototype":{"x":1}}}}',
+      ]) {
+        const r = await http(method!, `${s.url}${path}`, {
+          auth: `Bearer ${p.key}`,
+          rawBody,
+          headers: JSON_TYPE,
+        });
+        assert.equal(r.status, 400, `${path}: ${r.text}`);
+        const e = r.body.error as Record<string, unknown>;
+        assert.equal(e.code, 'invalid_body', path);
+        assert.match(String(e.message), /valid JSON but uses the key "__proto__"/, path);
+      }
+    }
+  });
+
   it('an empty body sent as application/json: {} (bodiless routes succeed, others name the field)', async () => {
     const auth = `Bearer ${p.key}`;
     const created = await http('POST', `${s.url}/${p.projectId}/v1/webhooks`, {
