@@ -259,6 +259,7 @@ export class ChatCompletions {
       model: endpoint.modelName,
       serviceTier: endpoint.tierId as ServiceTierName,
       topLogprobs: req.topLogprobs,
+      logprobs: req.logprobs,
       predictionUsed: req.predictionText !== undefined,
       promptTokensEstimate: promptTokens,
     };

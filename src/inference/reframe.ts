@@ -41,6 +41,12 @@ export interface ReframeContext {
   readonly serviceTier: ServiceTierName;
   /** The request's `top_logprobs`; longer upstream lists are cut to it. */
   readonly topLogprobs?: number;
+  /**
+   * The request's `logprobs: true`: a non-streaming choice then always carries the
+   * logprobs object, `content` null when there are no content tokens (spec), even
+   * when the worker sent none (an answer of tool calls only).
+   */
+  readonly logprobs?: boolean;
   /** Whether the request carried `prediction`; prediction-token counts are null otherwise. */
   readonly predictionUsed?: boolean;
   /** Router-side prompt estimate, used only when the worker reports no usage. */
@@ -632,6 +638,7 @@ function completionChoice(raw: unknown, position: number, ctx: ReframeContext): 
   if (logprobs !== null && reasoningLength(m) > 0) {
     logprobs = keepVisibleLogprobs(logprobs, content ?? '');
   }
+  if (logprobs === null && ctx.logprobs) logprobs = { content: null, refusal: null };
 
   return {
     index,

@@ -205,6 +205,17 @@ describe('chat completions with the OpenAI SDK', () => {
       assert.equal(t.top_logprobs.length, 3);
     }
     assert.equal(lp.refusal, null);
+    // An answer of tool calls only still has the logprobs object, with no content tokens.
+    const calls = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+      tools: [{ type: 'function', function: { name: 'get_weather', parameters: {} } }],
+      tool_choice: 'required',
+      logprobs: true,
+    });
+    assert.deepEqual(validateCompletion(calls), []);
+    assert.equal(calls.choices[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(calls.choices[0]!.logprobs, { content: null, refusal: null });
   });
 
   it('json_schema output parses and fits the schema', async () => {
