@@ -31,6 +31,10 @@ export class UndecodableBody {
  * fields still says which one is missing.
  */
 export function emptyJsonIsObject(app: FastifyInstance): void {
+  // Fastify's default text/plain parser would hand a handler a string, refused as
+  // "expected an object, received a string" although it may hold one: the API takes
+  // JSON (files: multipart), so text/plain is 415 like any other type.
+  app.removeContentTypeParser('text/plain');
   const json = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser<string>(

@@ -83,6 +83,12 @@ describe('the key before the body', () => {
         status: 415,
         code: 'unsupported_media_type',
       },
+      {
+        rawBody: '{"model":"m","messages":[]}',
+        headers: { 'content-type': 'text/plain' },
+        status: 415,
+        code: 'unsupported_media_type',
+      },
     ];
     for (const path of paths) {
       const exec = path.includes('/v1/exec/');
