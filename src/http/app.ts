@@ -91,7 +91,10 @@ function httpsRequired(): ServiceError {
 export function requestId(url: string | undefined): string {
   const hex = randomUUID().replaceAll('-', '');
   const path = url ? url.split('?', 1)[0]! : '';
-  return path.endsWith('/chat/completions') ? `chatcmpl-${hex}` : `req_${hex}`;
+  // The router ignores a trailing slash, so `…/chat/completions/` is the chat route too.
+  return path.endsWith('/chat/completions') || path.endsWith('/chat/completions/')
+    ? `chatcmpl-${hex}`
+    : `req_${hex}`;
 }
 
 /** The model record route; its wildcard is a model name (see src/projects/routes.ts). */

@@ -191,4 +191,16 @@ describe('the body a worker receives', () => {
     );
     assert.equal((await send({})).status, 200);
   });
+
+  it('the route with a trailing slash is the chat route, ids included', async () => {
+    const res = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    assert.equal(res.status, 200);
+    const body = (await res.json()) as { id: string };
+    assert.match(body.id, /^chatcmpl-[0-9a-f]{32}$/);
+    assert.equal(res.headers.get('x-request-id'), body.id);
+  });
 });
