@@ -659,6 +659,15 @@ describe('parseChatRequest rejects', () => {
     assert.equal(e.message, "Missing required parameter: 'messages[0].tool_call_id'.");
   });
 
+  it('calls a number JSON cannot hold (1e400 parses to Infinity) out of range', () => {
+    const e = rejection(
+      JSON.parse('{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1e400}'),
+    );
+    assert.equal(e.param, 'temperature');
+    assert.match(e.message, /out of range/);
+    assert.doesNotMatch(e.message, /decimal/);
+  });
+
   it('keeps echoed values short', () => {
     const e = rejection(withFields({ reasoning_effort: 'x'.repeat(10_000) }));
     assert.ok(e.message.length < 300, e.message);

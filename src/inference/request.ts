@@ -739,6 +739,8 @@ function describe(v: unknown): string {
     case 'string':
       return 'a string';
     case 'number':
+      // 1e400 in JSON parses to Infinity: a number out of range, not a decimal.
+      if (!Number.isFinite(v)) return 'a number out of range';
       return Number.isInteger(v) ? 'an integer' : 'a decimal number';
     case 'boolean':
       return 'a boolean';
