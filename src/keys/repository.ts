@@ -3,7 +3,7 @@
  * `api_keys` and `api_key_secrets`.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, gt, isNull, lte } from 'drizzle-orm';
+import { and, asc, eq, gt, isNull, lte, sql } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 import { displayPrefix, generateKey, parseKey } from './format.js';
@@ -95,6 +95,22 @@ export class KeyRepository {
       .where(and(eq(apiKeys.projectId, projectId), eq(apiKeys.id, id)))
       .limit(1);
     return rows[0] ? toRecord(rows[0]) : null;
+  }
+
+  /**
+   * Records when keys were last used (key id → epoch ms), in one statement; a
+   * time never moves a key's `last_used_at` backwards (another instance may have
+   * written a later one).
+   */
+  async touch(used: ReadonlyMap<string, number>): Promise<void> {
+    if (used.size === 0) return;
+    const rows = [...used].map(
+      ([id, at]) => sql`(${id}::uuid, ${new Date(at).toISOString()}::timestamptz)`,
+    );
+    await this.db.execute(sql`
+      UPDATE api_keys AS k SET last_used_at = v.t
+      FROM (VALUES ${sql.join(rows, sql`, `)}) AS v(id, t)
+      WHERE k.id = v.id AND (k.last_used_at IS NULL OR k.last_used_at < v.t)`);
   }
 
   async list(projectId: string): Promise<KeyRecord[]> {

@@ -18,7 +18,7 @@
  * other instances' through `invalidate` (wired to Redis pub/sub when enabled).
  */
 import { LRUCache } from 'lru-cache';
-import type { Clock } from '../runtime/clock.js';
+import type { Clock, Timer } from '../runtime/clock.js';
 import { bearerToken, hashKey, parseKey } from './format.js';
 import type { KeyRecord } from './record.js';
 import type { KeyRepository, SecretLookup } from './repository.js';
@@ -42,6 +42,9 @@ export class KeyVerifier {
   private readonly known: LRUCache<string, Cached>;
   private readonly unknown: LRUCache<string, true>;
   private readonly pending = new Map<string, Promise<Cached | null>>();
+  /** Key id → when it last verified, not yet written (`flushUse`). */
+  private used = new Map<string, number>();
+  private useTimer: Timer | null = null;
 
   constructor(
     private readonly repo: KeyRepository,
@@ -72,7 +75,44 @@ export class KeyVerifier {
       entry = await this.load(hash, entry);
     }
     if (!entry) return { status: 'unknown' };
-    return decide(entry, now);
+    const v = decide(entry, now);
+    if (v.status === 'ok') this.used.set(v.key.id, now);
+    return v;
+  }
+
+  /**
+   * Writes the keys used since the last write to `last_used_at`, every
+   * `intervalMs` on the clock, and once more from `stopRecordingUse`. The request
+   * itself only sets a map entry; a failed write keeps its entries for the next.
+   */
+  recordUse(intervalMs: number): void {
+    const tick = () => {
+      void this.flushUse().finally(() => {
+        if (this.useTimer) this.useTimer = this.clock.setTimer(intervalMs, tick);
+      });
+    };
+    this.useTimer = this.clock.setTimer(intervalMs, tick);
+  }
+
+  async stopRecordingUse(): Promise<void> {
+    this.useTimer?.cancel();
+    this.useTimer = null;
+    await this.flushUse();
+  }
+
+  /** Writes what is pending now (tests, shutdown). */
+  async flushUse(): Promise<void> {
+    if (this.used.size === 0) return;
+    const batch = this.used;
+    this.used = new Map();
+    try {
+      await this.repo.touch(batch);
+    } catch {
+      // Database away: keep the latest time per key for the next write.
+      for (const [id, at] of batch) {
+        if ((this.used.get(id) ?? 0) < at) this.used.set(id, at);
+      }
+    }
   }
 
   /**

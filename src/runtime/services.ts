@@ -43,6 +43,9 @@ import { InvalidationBus } from './invalidation.js';
 import type { Redis } from '../store/redis.js';
 import type { Logger } from './logger.js';
 
+/** How often keys' `last_used_at` is written (docs/API.md): at most a minute late. */
+const KEY_USE_WRITE_MS = 60_000;
+
 export interface Services {
   config: Config;
   clock: Clock;
@@ -203,6 +206,7 @@ export async function createServices(
     cacheSize: config.keyCacheSize,
     ttlMs: config.keyCacheTtlMs,
   });
+  verifier.recordUse(KEY_USE_WRITE_MS);
   const pool = new WorkerPool(
     workers,
     deps.clock,
@@ -305,6 +309,7 @@ export async function createServices(
       await exec.stop();
       await dispatcher.stop();
       await usage.close();
+      await verifier.stopRecordingUse();
       await budgetAlerts.close();
       await upstream.close();
       await limiter.close();

@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { sql } from 'drizzle-orm';
 import { http, seedProject, startTestServer, type TestServer } from '../support/harness.js';
 
 const DAY = 24 * 60 * 60 * 1000;
@@ -33,6 +34,35 @@ describe('key management API', () => {
     assert.equal(r.status, 403);
     assert.equal(code(r), 'scope_insufficient');
     assert.equal((await s.call('GET', keys())).status, 401);
+  });
+
+  it('lastUsedAt: null until used, then the time of the last use, written within a minute', async () => {
+    const r = await s.call('POST', keys(), { key: mgmt, body: { scopes: ['inference'] } });
+    const id = String(r.body.id);
+    const lastUsed = async () =>
+      (await s.call('GET', keys(`/${id}`), { key: mgmt })).body.lastUsedAt as string | null;
+    assert.equal(r.body.lastUsedAt, null);
+    // Written by the next write after any earlier timer: drain what is pending.
+    await s.services.verifier.flushUse();
+    assert.equal(await lastUsed(), null);
+    assert.equal((await s.call('GET', models(), { key: String(r.body.key) })).status, 200);
+    const usedAt = new Date(s.clock.now()).toISOString();
+    s.clock.advance(30_000);
+    assert.equal((await s.call('GET', models(), { key: String(r.body.key) })).status, 200);
+    const laterAt = new Date(s.clock.now()).toISOString();
+    assert.notEqual(usedAt, laterAt);
+    // The minute's timer writes it (the clock's timer, no sleep but for the write).
+    s.clock.advance(60_000);
+    for (const until = Date.now() + 5_000; (await lastUsed()) !== laterAt && Date.now() < until;)
+      await new Promise((res) => setTimeout(res, 20));
+    assert.equal(await lastUsed(), laterAt);
+    // An older time never moves it back (another instance may have written a later one).
+    await s.services.store.db.execute(
+      sql`UPDATE api_keys SET last_used_at = ${new Date(s.clock.now() + 1000).toISOString()}::timestamptz WHERE id = ${id}::uuid`,
+    );
+    assert.equal((await s.call('GET', models(), { key: String(r.body.key) })).status, 200);
+    await s.services.verifier.flushUse();
+    assert.equal(await lastUsed(), new Date(s.clock.now() + 1000).toISOString());
   });
 
   it('creates a key, shows the value once, lists and gets it without secrets', async () => {
