@@ -357,6 +357,13 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       const p = await project(request.params.project);
       return list(await s.keyService.list(p.id));
     });
+    app.get<{ Params: { project: string; id: string } }>(
+      '/projects/:project/keys/:id',
+      async (request) => {
+        const p = await project(request.params.project);
+        return s.keyService.get(p.id, request.params.id);
+      },
+    );
     app.post<{ Params: { project: string; id: string } }>(
       '/projects/:project/keys/:id/rotate',
       async (request) => {

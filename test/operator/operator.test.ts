@@ -3,6 +3,7 @@
  * field, conflicts, and the records it creates.
  */
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { statSync, readFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -176,6 +177,11 @@ describe('operator API', () => {
     assert.equal(listed.id, r.body.id);
     assert.equal('key' in listed, false);
     assert.ok(!JSON.stringify(list.body).includes(String(r.body.key)));
+    const one = await s.admin('GET', `/projects/keys/keys/${String(r.body.id)}`);
+    assert.equal(one.status, 200, one.text);
+    assert.deepEqual(one.body, listed);
+    const missing = await s.admin('GET', `/projects/keys/keys/${randomUUID()}`);
+    assert.equal(missing.status, 404);
     const defaults = await s.admin('POST', '/projects/keys/keys', {});
     assert.deepEqual(defaults.body.scopes, ['inference']);
     assert.equal(defaults.body.quotaRequests, 60);
