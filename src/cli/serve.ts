@@ -141,7 +141,20 @@ export async function serve(argv: string[]): Promise<number> {
   // Worker health, live load signals and endpoint provisioning, where requests are routed.
   if (roles.has('api')) services.monitor.start();
 
-  await app.listen({ port: config.port, host: config.host });
+  try {
+    await app.listen({ port: config.port, host: config.host });
+  } catch (err) {
+    // The port is taken (or not ours to bind): nothing was served. Stop what started
+    // (the demo worker, loops, connections) and exit with the error instead of
+    // running on without a listener.
+    logger.error({ err }, 'cannot listen');
+    await app.close().catch(() => undefined);
+    for (const c of closers) await c().catch(() => undefined);
+    await services.close().catch(() => undefined);
+    const reason = err instanceof Error ? err.message : String(err);
+    process.stderr.write(`switchyard: cannot listen on ${config.host}:${config.port}: ${reason}\n`);
+    process.exit(1);
+  }
   let baseUrl = config.baseUrl;
   const addr = app.server.address();
   if (!env.SWITCHYARD_BASE_URL && addr && typeof addr === 'object') {

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { once } from 'node:events';
 import { Readable } from 'node:stream';
 import { after, describe, it } from 'node:test';
 import { Agent, request } from 'undici';
@@ -44,6 +45,38 @@ describe('HTTPS and production mode', () => {
   after(async () => {
     for (const p of procs) await p.stop('SIGKILL');
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+
+  it('a port already taken: exits 1 saying so, instead of running without a listener', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir });
+    procs.push(p);
+    const port = new URL(url).port;
+    const dir2 = tmp();
+    dirs.push(dir2);
+    const second = spawnSwitchyard(['serve'], {
+      PORT: port,
+      LOG_LEVEL: 'fatal',
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_ADMIN_TOKEN: TOKEN,
+      SWITCHYARD_DATA_DIR: dir2,
+    });
+    procs.push(second);
+    // A bound on the wait only: the process exits as soon as listen fails.
+    let bound: NodeJS.Timeout | undefined;
+    const code = await Promise.race([
+      once(second.child, 'exit').then(([c]) => c as number | null),
+      new Promise((r) => (bound = setTimeout(r, 60_000, 'still running'))),
+    ]);
+    clearTimeout(bound);
+    assert.equal(code, 1, `exit code (stderr: ${second.stderr()})`);
+    assert.match(
+      second.stderr(),
+      new RegExp(`cannot listen on 127\\.0\\.0\\.1:${port}: .*EADDRINUSE`),
+    );
+    // The first one is unaffected.
+    assert.equal((await http('GET', `${url}/healthz`)).status, 200);
   });
 
   it('plain HTTP is refused in production (probes excepted) and responses carry HSTS', async () => {
