@@ -8,6 +8,8 @@ import { SCOPES } from './scopes.js';
 
 /** An IPv4/IPv6 address, or a CIDR range (an extension to the spec's addresses). */
 export function isIpOrCidr(s: string): boolean {
+  // A zone index (`fe80::1%eth0`) names an interface of one host, not an address.
+  if (s.includes('%')) return false;
   const slash = s.indexOf('/');
   if (slash === -1) return isIP(s) !== 0;
   const addr = s.slice(0, slash);

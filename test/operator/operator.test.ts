@@ -192,6 +192,7 @@ describe('operator API', () => {
       [{ scopes: ['inference', 'inference'] }, 'scopes'],
       [{ allowedIps: ['1.2.3.4', 'not-an-ip'] }, 'allowedIps[1]'],
       [{ blockedIps: ['10.0.0.0/33'] }, 'blockedIps[0]'],
+      [{ allowedIps: ['fe80::1%eth0'] }, 'allowedIps[0]'],
       [{ expiresAt: 'tomorrow' }, 'expiresAt'],
       [{ endpointId: 'abc' }, 'endpointId'],
       [{ endpointId: '00000000-0000-4000-8000-000000000000' }, 'endpointId'],
