@@ -7,7 +7,7 @@
  * enrolling again. Secrets never appear in its output.
  */
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Broker } from '../../src/exec/broker/index.js';
@@ -157,6 +157,46 @@ describe('switchyard agent (binary)', () => {
     assert.match(proc.stdout(), new RegExp(`"agentId":"${agentId}"`));
     assert.equal(directory.enrolls.length, enrolls);
     assert.ok(broker.isConnected(agentId));
+    assert.equal(await proc.stop('SIGTERM'), 0);
+  });
+
+  it('a restart with a changed manifest enrolls it again, and without a join key refuses to run', async () => {
+    const agentId = [...directory.agents.values()].at(-1)!.agentId;
+    mkdirSync(join(tmp.dir, 'changed'));
+    const changed = manifestFile(join(tmp.dir, 'changed'), [
+      {
+        name: 'env',
+        description: 'prints its environment',
+        input_schema: { type: 'object' },
+        risk: 'destructive', // was read_only: the router must learn it before dispatching
+        mcp_visible: false,
+        default_timeout_ms: 5_000,
+        command: sh('env'),
+      },
+    ]);
+    const refused = await runSwitchyard(['agent'], env({ SWITCHYARD_AGENT_MANIFEST: changed }));
+    assert.equal(refused.code, 4, refused.stderr);
+    assert.match(refused.stderr, /^enrollment failed: manifest_changed: /m);
+    assert.equal(broker.isConnected(agentId), false);
+
+    const enrolls = directory.enrolls.length;
+    proc = spawnSwitchyard(
+      ['agent'],
+      env({ SWITCHYARD_AGENT_MANIFEST: changed, SWITCHYARD_AGENT_JOIN_KEY: JOIN_KEY }),
+    );
+    await proc.waitFor(/"msg":"connected to broker"/, 15_000);
+    assert.equal(directory.enrolls.length, enrolls + 1, 'enrolled again');
+    const again = directory.enrolls.at(-1)!;
+    assert.equal(again.registrationName, 'bin-agent', 'the enrolled name, from the identity file');
+    const sent = again.manifest as { tools: Array<{ name: string; risk: string }> };
+    assert.equal(sent.tools.find((t) => t.name === 'env')?.risk, 'destructive');
+    assert.match(proc.stdout(), new RegExp(`"agentId":"${agentId}"`), 'the same agent');
+    assert.equal(await proc.stop('SIGTERM'), 0);
+
+    // And the next restart with that manifest needs nothing more.
+    proc = spawnSwitchyard(['agent'], env({ SWITCHYARD_AGENT_MANIFEST: changed }));
+    await proc.waitFor(/"msg":"connected to broker"/, 15_000);
+    assert.equal(directory.enrolls.length, enrolls + 1);
     assert.equal(await proc.stop('SIGTERM'), 0);
   });
 });

@@ -2,6 +2,7 @@
  * Test doubles for the transport: an in-memory `AgentDirectory` that records
  * every call, a silent logger, manifests and polling helpers.
  */
+import { validateManifest } from '../../src/exec/manifest.js';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -78,7 +79,11 @@ export class FakeDirectory implements AgentDirectory {
       ok: true,
       agentId: rec.agentId,
       projectId: '00000000-0000-0000-0000-000000000001',
-      manifestHash: 'sha256:test',
+      // What the control plane records: the canonical hash of the validated manifest.
+      manifestHash: (() => {
+        const v = validateManifest(req.manifest);
+        return v.ok ? v.hash : 'sha256:invalid';
+      })(),
       leaseMs: this.leaseMs,
     };
   }

@@ -3,7 +3,9 @@
  *
  * 1. Enrollment, once: `ENROLL` on the enrollment socket with the join key,
  *    registration name, manifest and a proof of the agent's CURVE key. Skipped
- *    when the identity file already holds an agent id for this broker key.
+ *    when the identity file already holds an agent id for this broker key and
+ *    the manifest it enrolled with; a changed manifest enrolls again (join key
+ *    required).
  *    A rejection is final (`EnrollmentRejectedError`); no answer is retried
  *    with backoff.
  * 2. Sessions, forever: a DEALER to the agent socket, `HELLO` → `WELCOME`,
@@ -32,6 +34,7 @@ import {
   type WireOutcome,
 } from '../broker/protocol.js';
 import type { DispatchOutcome } from '../contracts.js';
+import { validateManifest } from '../manifest.js';
 import { loadOrCreateIdentity, saveIdentity, type AgentIdentity } from './identity.js';
 import type { LocalManifest } from './manifest.js';
 import { runTool, type RunningTool } from './runner.js';
@@ -198,14 +201,35 @@ export class AgentClient extends EventEmitter<AgentClientEvents> {
 
   async ensureEnrolled(): Promise<string> {
     const id = this.identity;
-    if (id.agentId && id.serverKey === this.opts.serverKey) return id.agentId;
-    if (id.agentId) {
+    // What the control plane would record for the manifest given now (the same
+    // validation and canonical hash as the router); null if it would refuse it.
+    const local = validateManifest(this.opts.manifest.manifest);
+    const localHash = local.ok ? local.hash : null;
+    if (id.agentId && id.serverKey === this.opts.serverKey) {
+      // The catalog (tools, risk, schemas, timeouts) is the manifest accepted at
+      // enrollment. A manifest changed since must be enrolled again, or the router
+      // would dispatch by stale risk classes (a tool made destructive would run
+      // without approval): without a join key to do so, the agent refuses to start.
+      if (id.manifestHash === undefined || id.manifestHash === localHash) return id.agentId;
+      this.opts.logger.warn(
+        { agentId: id.agentId, enrolled: id.manifestHash, now: localHash },
+        'the manifest changed since enrollment; enrolling it again',
+      );
+      if (!this.opts.joinKey) {
+        throw new EnrollmentFailedError(
+          'manifest_changed',
+          'the manifest differs from the one this agent enrolled with: give a join key to ' +
+            'enroll it again, or restore the enrolled manifest',
+        );
+      }
+    } else if (id.agentId) {
       this.opts.logger.warn(
         { agentId: id.agentId },
         'enrolled with another broker key; enrolling again with this one',
       );
     }
-    const { joinKey, registrationName } = this.opts;
+    const joinKey = this.opts.joinKey;
+    const registrationName = this.opts.registrationName ?? id.registrationName;
     if (!joinKey || !registrationName) {
       throw new EnrollmentFailedError(
         'not_enrolled',
