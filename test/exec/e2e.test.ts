@@ -606,14 +606,24 @@ describe('exec end to end: switchyard serve and two switchyard agent processes',
       { ...manifests.alpha![0]!, name: 'ok' },
       { ...manifests.alpha![1]!, input_schema: { type: 'string' } },
     ]);
+    // Also refused by the router, not by the agent's own file check: a tool named
+    // twice, and a version the router does not know.
+    const twice = writeManifest(join(tmp.dir, 'twice.json'), [
+      { ...manifests.alpha![0]!, name: 'same' },
+      { ...manifests.alpha![0]!, name: 'same' },
+    ]);
+    const v2 = join(tmp.dir, 'v2.json');
+    writeFileSync(v2, JSON.stringify({ version: 2, tools: [manifests.alpha![0]!] }));
     const goodManifest = join(tmp.dir, 'alpha.json');
     const run = async (o: Parameters<typeof agentEnv>[0]) => {
       const proc = spawnAgent(o);
       const [code] = (await once(proc.child, 'exit')) as [number | null];
       return { code, stdout: proc.stdout(), stderr: proc.stderr() };
     };
-    const [invalid, inUse, conflict] = await Promise.all([
+    const [invalid, dup, version, inUse, conflict] = await Promise.all([
       run({ name: 'gamma', manifest: badManifest, keyFile: join(tmp.dir, 'x1.key'), joinKey }),
+      run({ name: 'delta', manifest: twice, keyFile: join(tmp.dir, 'x4.key'), joinKey }),
+      run({ name: 'epsilon', manifest: v2, keyFile: join(tmp.dir, 'x5.key'), joinKey }),
       // A join key reserving 'alpha' while alpha is live.
       run({
         name: 'alpha',
@@ -629,11 +639,18 @@ describe('exec end to end: switchyard serve and two switchyard agent processes',
       invalid.stderr,
       /^enrollment rejected: exec_manifest_invalid: Invalid 'tools\[1\]\.input_schema': .+ \(tools\[1\]\.input_schema\)$/m,
     );
+    assert.equal(dup.code, 3, dup.stderr);
+    assert.match(
+      dup.stderr,
+      /^enrollment rejected: exec_manifest_invalid: .*'same'.* \(tools\[1\]\.name\)$/m,
+    );
+    assert.equal(version.code, 3, version.stderr);
+    assert.match(version.stderr, /^enrollment rejected: exec_manifest_invalid: .* \(version\)$/m);
     assert.equal(inUse.code, 3, inUse.stderr);
     assert.match(inUse.stderr, /^enrollment rejected: agent_name_in_use: .*'alpha'.*$/m);
     assert.equal(conflict.code, 3, conflict.stderr);
     assert.match(conflict.stderr, /^enrollment rejected: agent_name_conflict: .*'alpha'.*$/m);
-    for (const r of [invalid, inUse, conflict]) {
+    for (const r of [invalid, dup, version, inUse, conflict]) {
       assert.ok(!(r.stdout + r.stderr).includes(joinKey), 'join key not printed');
     }
     // Nothing was enrolled; alpha keeps its name, its key and its session.

@@ -19,11 +19,13 @@ const localTool = z
   })
   .loose();
 
-const manifestFile = z.object({ version: z.literal(1), tools: z.array(localTool) }).loose();
+// `version` and the declared fields (duplicate names included) are the router's to
+// judge: it answers `exec_manifest_invalid` naming the field, the spec's code.
+const manifestFile = z.object({ tools: z.array(localTool) }).loose();
 
 export interface LocalManifest {
   /** What is sent at enrollment: the file without `command`, `cwd`, `env`. */
-  manifest: { version: 1; tools: Array<Record<string, unknown>> } & Record<string, unknown>;
+  manifest: { tools: Array<Record<string, unknown>> } & Record<string, unknown>;
   /** How to run each tool, by name. */
   commands: Map<string, ToolCommand>;
 }
@@ -41,15 +43,16 @@ export function parseManifest(raw: unknown, baseDir: string): LocalManifest {
   const tools: Array<Record<string, unknown>> = [];
   for (const t of parsed.data.tools) {
     const { command, cwd, env, ...declared } = t;
-    if (commands.has(t.name)) throw new ManifestFileError(`manifest: duplicate tool '${t.name}'`);
-    commands.set(t.name, {
-      command,
-      ...(cwd !== undefined ? { cwd: resolve(baseDir, cwd) } : {}),
-      ...(env !== undefined ? { env } : {}),
-    });
+    // A duplicate name is sent as written (the router refuses it); the first one runs.
+    if (!commands.has(t.name))
+      commands.set(t.name, {
+        command,
+        ...(cwd !== undefined ? { cwd: resolve(baseDir, cwd) } : {}),
+        ...(env !== undefined ? { env } : {}),
+      });
     tools.push(declared);
   }
-  return { manifest: { ...parsed.data, version: 1, tools }, commands };
+  return { manifest: { ...parsed.data, tools }, commands };
 }
 
 export function loadManifestFile(path: string): LocalManifest {
