@@ -15,6 +15,7 @@ import {
 } from '../../src/exec/agent/client.js';
 import { loadManifestFile, parseManifest } from '../../src/exec/agent/manifest.js';
 import type { Broker } from '../../src/exec/broker/index.js';
+import { validateManifest } from '../../src/exec/manifest.js';
 import type { CurveKeyPair } from '../../src/exec/broker/keys.js';
 import {
   FakeDirectory,
@@ -87,7 +88,10 @@ describe('enrollment', () => {
     assert.equal(saved.agent_id, agentId);
     assert.equal(saved.public_key, c.publicKey);
     assert.equal(saved.server_key, keyPair.publicKey);
-    assert.equal(saved.manifest_hash, 'sha256:test');
+    // The hash the control plane records, kept to notice a changed manifest later.
+    const v = validateManifest(loadManifestFile(manifestPath).manifest);
+    assert.ok(v.ok);
+    assert.equal(saved.manifest_hash, v.hash);
   });
 
   it('a restart with the same identity file skips enrollment (no join key needed)', async () => {
