@@ -260,9 +260,18 @@ export class ToolBridge {
     }
   }
 
-  /** Catalog and workspace, before the first upstream call. */
+  /**
+   * Workspace, then catalog, before the first upstream call: a malformed or unknown
+   * workspace is the client's 4xx whether or not an agent is online (docs/EXEC.md).
+   */
   private async prepare(): Promise<void> {
     const r = this.r;
+    const ws = r.req.body[WORKSPACE_FIELD];
+    if (typeof ws === 'string' && ws !== '') {
+      this.workspaceId = (
+        await r.exec.workspaces.resolve(r.projectId, ws, WORKSPACE_FIELD)
+      ).externalId;
+    }
     this.catalog = await r.exec.catalog.list(r.projectId);
     if (this.catalog.length === 0) {
       throw new ServiceError('tool_executor_unavailable', {
@@ -271,12 +280,6 @@ export class ToolBridge {
       });
     }
     this.byFunction = functionNames(this.catalog.map((e) => e.spec.name));
-    const ws = r.req.body[WORKSPACE_FIELD];
-    if (typeof ws === 'string' && ws !== '') {
-      this.workspaceId = (
-        await r.exec.workspaces.resolve(r.projectId, ws, WORKSPACE_FIELD)
-      ).externalId;
-    }
   }
 
   private tools(): Array<Record<string, unknown>> {

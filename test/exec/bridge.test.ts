@@ -252,6 +252,21 @@ describe('chat tool bridge (x_exec) with the OpenAI SDK', () => {
         assert.equal(err.type, 'server_error');
         assert.equal(err.headers?.get('retry-after'), '5');
       }
+      // A bad workspace id is the client's 400 whether or not an agent is online,
+      // even with no tool in the catalog at all (no agent of the project online).
+      const catalog = f.server.services.exec.catalog;
+      const list = catalog.list.bind(catalog);
+      catalog.list = async () => [];
+      const bad = await apiError(
+        f.client.chat.completions.create(
+          bridged<Body>(ask('x [sim:tool_call]'), {
+            x_exec_workspace_id: '7f518730-67d2-5b93-a71a-9f7000000000',
+          }),
+        ),
+      );
+      catalog.list = list;
+      assert.equal(bad.status, 400);
+      assert.equal(bad.code, 'invalid_workspace_id');
     } finally {
       t.connected.add(agentId);
     }
