@@ -23,6 +23,27 @@ import type { Logger } from '../runtime/logger.js';
 
 export type UsageRecord = typeof tables.usageRecords.$inferInsert;
 
+/**
+ * PostgreSQL text and jsonb cannot hold U+0000, and a client's `user` or
+ * `metadata` may carry it: such a row would fail its whole batch. Dropped here;
+ * the common case (no NUL) costs one scan and no copy.
+ */
+function noNul(s: string): string {
+  return s.includes('\u0000') ? s.replaceAll('\u0000', '') : s;
+}
+
+function metadataWithoutNul(m: UsageRecord['metadata']): UsageRecord['metadata'] {
+  if (m === null || m === undefined || typeof m !== 'object') return m;
+  let dirty = false;
+  for (const [k, v] of Object.entries(m)) {
+    if (k.includes('\u0000') || (typeof v === 'string' && v.includes('\u0000'))) dirty = true;
+  }
+  if (!dirty) return m;
+  return Object.fromEntries(
+    Object.entries(m).map(([k, v]) => [noNul(k), typeof v === 'string' ? noNul(v) : v]),
+  );
+}
+
 /** A record as the JSON array `insertBatch` reads by position. */
 function rowJson(r: UsageRecord): string {
   return JSON.stringify([
@@ -46,8 +67,8 @@ function rowJson(r: UsageRecord): string {
     r.ttftMs ?? null,
     r.durationMs,
     r.costMicrocents ?? 0,
-    r.user ?? null,
-    r.metadata ?? null,
+    r.user == null ? null : noNul(r.user),
+    metadataWithoutNul(r.metadata) ?? null,
     // Epoch milliseconds: toISOString cost as much as serialising the rest of the row.
     (r.createdAt ?? new Date()).getTime(),
   ]);
@@ -137,6 +158,20 @@ async function insertBatch(db: Db, rows: Buffer): Promise<{ stored: number; char
   const charged =
     typeof row.charged === 'string' ? (JSON.parse(row.charged) as string[]) : row.charged;
   return { stored: Number(row.stored), charged };
+}
+
+/**
+ * SQLSTATE class 22 (data exception: a value out of range, an invalid escape or
+ * encoding): the statement's data is at fault, not the connection. drizzle wraps
+ * the driver's error, so its `cause` is looked at too.
+ */
+function isDataError(err: unknown): boolean {
+  for (let e: unknown = err, depth = 0; e && depth < 3; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'string' && code.startsWith('22')) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
 }
 
 export interface UsageRecorderOptions {
@@ -259,18 +294,14 @@ export class UsageRecorder {
     try {
       result = await insertBatch(this.db, batch.bytes());
     } catch (err) {
-      this.logger.warn({ err, records: batch.rows }, 'usage flush failed; will retry');
-      this.queue.unshift(batch);
-      this.buffered += batch.rows;
-      this.taken -= batch.rows;
-      this.backingOff = true;
-      if (this.timer) clearTimeout(this.timer);
-      this.timer = setTimeout(() => {
-        this.timer = null;
-        this.backingOff = false;
-        void this.flush();
-      }, this.interval * 4);
-      this.timer.unref();
+      if (isDataError(err)) {
+        // The database is fine; a row is not (a value it cannot store). Retrying the
+        // batch would fail forever and hold back every batch behind it: write its
+        // rows one by one and drop only the ones refused.
+        this.writing = 0;
+        return this.salvage(batch, err);
+      }
+      this.putBack(batch, err);
       return null;
     } finally {
       this.writing = 0;
@@ -278,6 +309,57 @@ export class UsageRecorder {
     this.written += result.stored;
     this.backingOff = false;
     return result.charged;
+  }
+
+  /**
+   * A batch refused for its data: each row alone; a row the database refuses for its
+   * data is dropped (logged with its request id, counted in `dropped`); any other
+   * failure puts the rows not yet written back at the head of the queue.
+   */
+  private async salvage(batch: RowBatch, cause: unknown): Promise<string[] | null> {
+    const rows = JSON.parse(batch.bytes().toString('utf8')) as unknown[][];
+    const charged = new Set<string>();
+    for (let i = 0; i < rows.length; i++) {
+      const one = new RowBatch(256);
+      one.append(JSON.stringify(rows[i]));
+      try {
+        const r = await insertBatch(this.db, one.bytes());
+        this.written += r.stored;
+        for (const id of r.charged) charged.add(id);
+      } catch (err) {
+        if (isDataError(err)) {
+          this.dropped++;
+          this.logger.error(
+            { err, requestId: rows[i]![0], cause },
+            'usage record refused by the database; dropped',
+          );
+          continue;
+        }
+        const rest = new RowBatch();
+        for (const row of rows.slice(i)) rest.append(JSON.stringify(row));
+        this.putBack(rest, err);
+        if (charged.size > 0 && this.onSpend) await this.onSpend(charged);
+        return null;
+      }
+    }
+    this.backingOff = false;
+    return [...charged];
+  }
+
+  /** A write failed: the batch goes back to the head, retried after a pause. */
+  private putBack(batch: RowBatch, err: unknown): void {
+    this.logger.warn({ err, records: batch.rows }, 'usage flush failed; will retry');
+    this.queue.unshift(batch);
+    this.buffered += batch.rows;
+    this.taken -= batch.rows;
+    this.backingOff = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      this.backingOff = false;
+      void this.flush();
+    }, this.interval * 4);
+    this.timer.unref();
   }
 
   async close(): Promise<void> {

@@ -73,6 +73,40 @@ for (const driver of drivers()) {
         assert.deepEqual(wide[0]!.metadata, big);
         assert.equal(u.written, 9);
 
+        // A client's NUL (U+0000), which PostgreSQL cannot store, is dropped from
+        // `user` and `metadata` instead of failing the batch.
+        u.record({ ...rec(20), user: 'u\u0000v', metadata: { 'k\u0000': 'a\u0000b' } });
+        await u.flush();
+        const nul = await db.store.db
+          .select()
+          .from(tables.usageRecords)
+          .where(eq(tables.usageRecords.requestId, 'chatcmpl-20'));
+        assert.equal(nul[0]?.user, 'uv');
+        assert.deepEqual(nul[0]?.metadata, { k: 'ab' });
+        assert.equal(u.written, 10);
+
+        // A row the database refuses for its data (a token count past int4) is
+        // dropped and counted; the rest of its batch, and the batches behind it, are
+        // stored and billed; nothing is retried forever.
+        u.record(rec(21));
+        u.record({ ...rec(22), promptTokens: 2 ** 40 });
+        u.record(rec(23));
+        u.record(rec(24));
+        await u.flush();
+        await u.flush();
+        const ids = (await db.store.db.select().from(tables.usageRecords)).map((r) => r.requestId);
+        for (const id of ['chatcmpl-21', 'chatcmpl-23', 'chatcmpl-24'])
+          assert.ok(ids.includes(id), id);
+        assert.ok(!ids.includes('chatcmpl-22'));
+        assert.equal(u.dropped, 1);
+        assert.equal(u.pending, 0);
+        assert.equal(u.written, 13);
+        const [after] = await db.store.db
+          .select()
+          .from(tables.projects)
+          .where(eq(tables.projects.id, pid));
+        assert.equal(after!.spentMicrocents, 50 + 4 * 10 + 10 + 3 * 10);
+
         await db.store.close();
         u.record(rec(9));
         await u.flush();
