@@ -17,7 +17,7 @@
  * scavenge never copies a buffer's bytes.
  */
 import { sql } from 'drizzle-orm';
-import type { Db } from '../store/index.js';
+import { sqlState, type Db } from '../store/index.js';
 import type { tables } from '../store/index.js';
 import type { Logger } from '../runtime/logger.js';
 
@@ -160,18 +160,9 @@ async function insertBatch(db: Db, rows: Buffer): Promise<{ stored: number; char
   return { stored: Number(row.stored), charged };
 }
 
-/**
- * SQLSTATE class 22 (data exception: a value out of range, an invalid escape or
- * encoding): the statement's data is at fault, not the connection. drizzle wraps
- * the driver's error, so its `cause` is looked at too.
- */
+/** SQLSTATE class 22 (data exception): the statement's data is at fault, not the connection. */
 function isDataError(err: unknown): boolean {
-  for (let e: unknown = err, depth = 0; e && depth < 3; depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === 'string' && code.startsWith('22')) return true;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return false;
+  return sqlState(err)?.startsWith('22') ?? false;
 }
 
 export interface UsageRecorderOptions {

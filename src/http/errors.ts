@@ -5,7 +5,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
-import { isDatabaseUnavailable } from '../store/index.js';
+import { isDatabaseUnavailable, isUnstorableText } from '../store/index.js';
 
 /**
  * The code of a body that fails JSON decoding: `invalid_json` on the inference
@@ -42,6 +42,12 @@ export function toServiceError(err: unknown, badJson: BadJsonCode = 'invalid_jso
   if (fe.statusCode === 405) return new ServiceError('method_not_allowed');
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
     return new ServiceError('invalid_body', { message: fe.message ?? 'Bad request.' });
+  }
+  if (isUnstorableText(err)) {
+    // A client's string with U+0000 reached a text or jsonb column.
+    return new ServiceError('invalid_body', {
+      message: 'The request contains a NUL character (U+0000), which is not accepted.',
+    });
   }
   if (isDatabaseUnavailable(err)) {
     // The database is down or partitioned: retryable, not a bug (docs/RELIABILITY.md).

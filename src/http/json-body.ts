@@ -143,3 +143,29 @@ export function clientJson(body: Record<string, unknown>): string {
     });
   }
 }
+
+/**
+ * The path (`input[2].content`, `metadata`) of the first string or key in a decoded
+ * JSON body that holds U+0000, or null. PostgreSQL's text and jsonb cannot store
+ * it; routes that store a body after side effects (a worker's answer already
+ * streamed) check first, so the client hears 400 before anything happens.
+ */
+export function nulPath(value: unknown, path = ''): string | null {
+  if (typeof value === 'string') return value.includes('\u0000') ? path || null : null;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const p = nulPath(value[i], `${path}[${i}]`);
+      if (p !== null) return p;
+    }
+    return null;
+  }
+  if (value !== null && typeof value === 'object') {
+    for (const [k, v] of Object.entries(value)) {
+      const here = path ? `${path}.${k}` : k;
+      if (k.includes('\u0000')) return here;
+      const p = nulPath(v, here);
+      if (p !== null) return p;
+    }
+  }
+  return null;
+}

@@ -37,7 +37,7 @@ import {
   internalCall,
   internalKeyCredential,
 } from '../http/internal-key.js';
-import { clientJson, decoded, deferJsonErrors } from '../http/json-body.js';
+import { clientJson, decoded, deferJsonErrors, nulPath } from '../http/json-body.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
@@ -155,7 +155,17 @@ class ResponsesApi {
 
   create = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
     const { key, endpoint } = await this.access(request);
-    const r = parseResponsesRequest(decoded(request.body));
+    const raw = decoded(request.body);
+    // Stored after the worker's answer (maybe already streamed): refuse what
+    // cannot be stored before anything runs.
+    const nul = nulPath(raw);
+    if (nul !== null) {
+      throw new ServiceError('invalid_body', {
+        message: `Invalid '${nul}': a NUL character (U+0000) is not accepted.`,
+        param: nul,
+      });
+    }
+    const r = parseResponsesRequest(raw);
     let history: Json[] = [];
     if (r.previousResponseId) {
       const prev = await this.stored(key, r.previousResponseId);

@@ -230,6 +230,26 @@ const UNAVAILABLE_CODES =
 const UNAVAILABLE_MESSAGES =
   /^(Connection terminated|Query read timeout|timeout exceeded when trying to connect|Client has encountered a connection error|Client was closed and is not queryable)/;
 
+/** The SQLSTATE of a failed query (drizzle wraps the driver's error in `cause`). */
+export function sqlState(err: unknown): string | undefined {
+  for (let e: unknown = err, i = 0; e && i < 4; i++) {
+    const code = typeof e === 'object' ? (e as { code?: unknown }).code : undefined;
+    if (typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return code;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return undefined;
+}
+
+/**
+ * A value PostgreSQL cannot store as text or jsonb: U+0000 (22P05 "unsupported
+ * Unicode escape sequence" in jsonb, 22021 "invalid byte sequence" in text).
+ * Only a client's string can carry one.
+ */
+export function isUnstorableText(err: unknown): boolean {
+  const s = sqlState(err);
+  return s === '22021' || s === '22P05';
+}
+
 /** True when a query failed on a unique constraint (PostgreSQL and PGlite alike). */
 export function isUniqueViolation(err: unknown): boolean {
   for (let e: unknown = err, i = 0; e && i < 4; i++) {

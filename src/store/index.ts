@@ -3,6 +3,8 @@ export {
   migrationsFolder,
   isUniqueViolation,
   isDatabaseUnavailable,
+  isUnstorableText,
+  sqlState,
   type Db,
   type Store,
   type OpenStoreOptions,

@@ -1,0 +1,96 @@
+/**
+ * U+0000 from clients, which PostgreSQL's text and jsonb cannot store:
+ * - in chat `user` and `metadata` (usage records): the request is served, its usage
+ *   stored without the NUL, and the requests after it are recorded and billed (one
+ *   such request used to stop every usage write, retried forever);
+ * - in ids, query strings and stored bodies: 400 `invalid_body`, never a 500;
+ * - in a Responses request: 400 naming the field before any worker runs (it used
+ *   to stream `response.completed` and then fail to store the response).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { eq } from 'drizzle-orm';
+import { tables } from '../../src/store/index.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { http } from '../support/harness.js';
+
+describe('NUL characters from clients', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ prices: [100_000, 100_000], creditCents: 100_000 });
+  });
+  after(() => f.close());
+
+  const call = (method: string, path: string, body?: unknown) =>
+    http(method, `${f.server.url}/${f.projectId}${path}`, {
+      auth: `Bearer ${f.key}`,
+      ...(body !== undefined ? { body } : {}),
+    });
+
+  it('chat user and metadata: served, usage stored without the NUL, later usage still billed', async () => {
+    const r = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 4,
+      user: 'alice\u0000',
+      metadata: { 'k\u0000': 'v\u0000' },
+    });
+    const after = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'again' }],
+      max_tokens: 4,
+    });
+    await f.server.services.usage.flush();
+    const rows = await f.server.services.store.db.select().from(tables.usageRecords);
+    const first = rows.find((x) => x.requestId === r.id);
+    assert.equal(first?.user, 'alice');
+    assert.deepEqual(first?.metadata, { k: 'v' });
+    assert.ok(
+      rows.some((x) => x.requestId === after.id),
+      'the next request is recorded',
+    );
+    assert.equal(f.server.services.usage.pending, 0);
+    const [p] = await f.server.services.store.db
+      .select()
+      .from(tables.projects)
+      .where(eq(tables.projects.externalId, f.projectId));
+    const billed = rows.reduce((a, x) => a + Number(x.costMicrocents), 0);
+    assert.ok(billed > 0);
+    assert.equal(Number(p!.spentMicrocents), billed);
+  });
+
+  it('ids, query strings and stored bodies: 400 invalid_body, not 500', async () => {
+    for (const [method, path, body] of [
+      ['GET', '/chat/v1/files/%00'],
+      ['GET', '/chat/v1/batches/%00'],
+      ['GET', '/chat/v1/conversations/%00'],
+      ['GET', '/chat/v1/files?after=%00'],
+      ['POST', '/chat/v1/conversations', { metadata: { k: 'a\u0000' } }],
+    ] as Array<[string, string, unknown?]>) {
+      const r = await call(method, path, body);
+      assert.ok(r.status === 400 || r.status === 404, `${method} ${path}: ${r.status} ${r.text}`);
+      if (r.status === 400) {
+        assert.equal((r.body.error as Record<string, unknown>).code, 'invalid_body', path);
+      }
+    }
+  });
+
+  it('a Responses request with a NUL: 400 naming the field, before any worker runs', async () => {
+    const before = await f.server.services.store.db.select().from(tables.usageRecords);
+    for (const stream of [false, true]) {
+      const r = await call('POST', '/chat/v1/responses', {
+        model: 'x',
+        input: 'hello\u0000',
+        max_output_tokens: 8,
+        stream,
+      });
+      assert.equal(r.status, 400, r.text);
+      const e = r.body.error as Record<string, unknown>;
+      assert.equal(e.code, 'invalid_body');
+      assert.equal(e.param, 'input');
+    }
+    await f.server.services.usage.flush();
+    const rows = await f.server.services.store.db.select().from(tables.usageRecords);
+    assert.equal(rows.length, before.length, 'no worker call, no usage');
+  });
+});
