@@ -14,8 +14,8 @@
  *
  * The endpoint listing needs any valid key of the project. The endpoint-level
  * `/<project_id>/<endpoint_slug>/v1/models` lets SDK clients configured with an
- * endpoint base URL call `models.list()`; a key bound to another endpoint gets 403
- * `endpoint_restricted` there.
+ * endpoint base URL call `models.list()` and `models.retrieve()` (the endpoint's
+ * model only); a key bound to another endpoint gets 403 `endpoint_restricted` there.
  */
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { z } from 'zod';
@@ -202,18 +202,40 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       },
     );
 
+    /** The model an endpoint path serves (a key bound elsewhere: 403), or null. */
+    async function endpointModel(key: KeyRecord, slug: string): Promise<ModelRecord | null> {
+      const e = await s.endpoints.get(key.projectId, slug);
+      if (!e) throw new ServiceError('endpoint_not_found');
+      if (key.endpointId !== null && key.endpointId !== e.id) {
+        throw new ServiceError('endpoint_restricted');
+      }
+      return s.models.findById(e.modelId);
+    }
+
     app.get<{ Params: ProjectParams & { endpointSlug: string } }>(
       '/:projectId/:endpointSlug/v1/models',
       { preParsing: inference },
       async (request) => {
-        const key = request.apiKey!;
-        const e = await s.endpoints.get(key.projectId, request.params.endpointSlug);
-        if (!e) throw new ServiceError('endpoint_not_found');
-        if (key.endpointId !== null && key.endpointId !== e.id) {
-          throw new ServiceError('endpoint_restricted');
-        }
-        const m = await s.models.findById(e.modelId);
+        const m = await endpointModel(request.apiKey!, request.params.endpointSlug);
         return { object: 'list', data: m ? [modelEntry(m)] : [] };
+      },
+    );
+
+    // `models.retrieve()` of an SDK configured with the endpoint's base URL: the
+    // endpoint's model, the only one that path lists.
+    app.get<{ Params: ProjectParams & { endpointSlug: string; '*': string } }>(
+      '/:projectId/:endpointSlug/v1/models/*',
+      { preParsing: inference },
+      async (request) => {
+        const m = await endpointModel(request.apiKey!, request.params.endpointSlug);
+        const name = request.params['*'];
+        if (!m || m.name !== name) {
+          throw new ServiceError('model_not_found', {
+            message: `The model '${name}' is not served at this endpoint.`,
+            param: 'model',
+          });
+        }
+        return modelEntry(m);
       },
     );
   };

@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import OpenAI from 'openai';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 import { validateErrorResponse, validateModelList } from '../support/openai-schemas.js';
 
@@ -165,5 +166,24 @@ describe('project read routes', () => {
       (r.body.data as Array<Record<string, unknown>>).map((m) => m.id),
       ['org/shape-model'],
     );
+  });
+
+  it('an endpoint-scoped base URL retrieves its model (SDK models.retrieve())', async () => {
+    const sdk = new OpenAI({
+      baseURL: `${s.url}/${p.projectId}/main/v1`,
+      apiKey: p.key,
+      maxRetries: 0,
+    });
+    const m = await sdk.models.retrieve('org/shape-model');
+    assert.equal(m.id, 'org/shape-model');
+    assert.equal(m.object, 'model');
+    const list = await s.call('GET', `/${p.projectId}/main/v1/models`, { key: p.key });
+    assert.deepEqual(m, (list.body.data as unknown[])[0]);
+    // Another model, even a visible one, is not what this endpoint serves.
+    const other = await s.call('GET', `/${p.projectId}/main/v1/models/no-such-model`, {
+      key: p.key,
+    });
+    assert.equal(other.status, 404);
+    assert.equal((other.body.error as Record<string, unknown>).code, 'model_not_found');
   });
 });
