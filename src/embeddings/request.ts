@@ -72,7 +72,8 @@ function inputIssue(input: unknown): ServiceError | null {
       if (typeof v !== 'string') return invalid('invalid_type', param, 'expected a string');
       if (v.length === 0) return invalid('invalid_value', param, 'must not be empty');
     } else if (lists) {
-      const r = tokenIds.safeParse(v);
+      // With the input in each issue: a wrong element is not a missing one.
+      const r = tokenIds.safeParse(v, { reportInput: true });
       if (!r.success) {
         const issue = r.error.issues[0]!;
         return issueToError({ ...issue, path: [`input`, i, ...issue.path] }, 'invalid_value');

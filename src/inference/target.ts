@@ -54,7 +54,10 @@ export async function resolveTarget(
   if (endpoint.status === 'suspended') throw new ServiceError('endpoint_suspended');
   if (endpoint.status !== 'active') {
     throw new ServiceError('unavailable', {
-      message: `The endpoint is ${endpoint.status}; no worker serves it yet.`,
+      message:
+        endpoint.status === 'error'
+          ? 'The endpoint is in error: no healthy worker serves it.'
+          : `The endpoint is ${endpoint.status}; no worker serves it yet.`,
       headers: { 'Retry-After': '5' },
     });
   }

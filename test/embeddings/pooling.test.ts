@@ -124,6 +124,7 @@ describe('embeddings with the OpenAI SDK', () => {
       [{ input: ['ok', ''] }, 'invalid_value', 'input[1]'],
       [{ input: ['ok', 3] }, 'invalid_type', 'input[1]'],
       [{ input: [[1, 2], [-1]] }, 'invalid_value', 'input[1][0]'],
+      [{ input: [[1, 'a']] }, 'invalid_value', 'input[0][1]'],
       [{ input: Array.from({ length: 2049 }, () => 'x') }, 'invalid_value', 'input'],
       [{ input: 'x', encoding_format: 'int8' }, 'invalid_value', 'encoding_format'],
       [{ input: 'x', dimensions: 0 }, 'invalid_value', 'dimensions'],
@@ -139,6 +140,10 @@ describe('embeddings with the OpenAI SDK', () => {
       assert.equal(err.code, code, JSON.stringify(body).slice(0, 60));
       assert.equal(err.param, param);
       assert.equal((err.error as { type?: string }).type, 'invalid_request_error');
+      // A field that is there but wrong is never reported as missing.
+      if (param.split(/[.[]/)[0]! in body) {
+        assert.doesNotMatch(err.message, /Missing required/, param);
+      }
     }
   });
 
