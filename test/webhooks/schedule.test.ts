@@ -167,10 +167,14 @@ describe('webhook delivery schedule', () => {
     const { Dispatcher } = await import('../../src/webhooks/dispatcher.js');
     const d2 = new Dispatcher(s.services.store.db, s.clock, hanging, s.services.logger);
     const id = await emit();
+    // The server's own timers (the key-use writer's, say) are pending already.
+    const others = s.clock.pendingTimers;
     const running = d2.tick();
-    // The claim is a database round trip (PGlite answers from its own thread).
-    for (const until = Date.now() + 10_000; s.clock.pendingTimers === 0 && Date.now() < until;)
+    // The claim is a database round trip (PGlite answers from its own thread); then
+    // the attempt arms its 30 s timer.
+    for (const until = Date.now() + 10_000; s.clock.pendingTimers === others && Date.now() < until;)
       await new Promise((r) => setTimeout(r, 1));
+    assert.equal(s.clock.pendingTimers, others + 1, 'the attempt timer is armed');
     s.clock.advance(29_999);
     // Still waiting 1 ms before the 30 s limit: the attempt has not ended.
     const early = await Promise.race([
