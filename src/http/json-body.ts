@@ -150,21 +150,23 @@ export function clientJson(body: Record<string, unknown>): string {
  * it; routes that store a body after side effects (a worker's answer already
  * streamed) check first, so the client hears 400 before anything happens.
  */
-export function nulPath(value: unknown, path = ''): string | null {
-  if (typeof value === 'string') return value.includes('\u0000') ? path || null : null;
-  if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) {
-      const p = nulPath(value[i], `${path}[${i}]`);
-      if (p !== null) return p;
-    }
-    return null;
-  }
-  if (value !== null && typeof value === 'object') {
-    for (const [k, v] of Object.entries(value)) {
-      const here = path ? `${path}.${k}` : k;
-      if (k.includes('\u0000')) return here;
-      const p = nulPath(v, here);
-      if (p !== null) return p;
+export function nulPath(body: unknown): string | null {
+  // An explicit stack, not recursion: a body may be nested thousands of levels deep.
+  const stack: Array<[unknown, string]> = [[body, '']];
+  while (stack.length > 0) {
+    const [value, path] = stack.pop()!;
+    if (typeof value === 'string') {
+      if (value.includes('\u0000')) return path || null;
+    } else if (Array.isArray(value)) {
+      for (let i = value.length - 1; i >= 0; i--) stack.push([value[i], `${path}[${i}]`]);
+    } else if (value !== null && typeof value === 'object') {
+      const entries = Object.entries(value);
+      for (let i = entries.length - 1; i >= 0; i--) {
+        const [k, v] = entries[i]!;
+        const here = path ? `${path}.${k}` : k;
+        if (k.includes('\u0000')) return here;
+        stack.push([v, here]);
+      }
     }
   }
   return null;

@@ -89,6 +89,13 @@ describe('NUL characters from clients', () => {
       assert.equal(e.code, 'invalid_body');
       assert.equal(e.param, 'input');
     }
+    // The check walks without recursion: a body nested 200,000 levels is a 400 too.
+    const deep = await http('POST', `${f.server.url}/${f.projectId}/chat/v1/responses`, {
+      auth: `Bearer ${f.key}`,
+      rawBody: `{"model":"x","input":"hi","metadata":{"k":${'['.repeat(200_000)}${']'.repeat(200_000)}}}`,
+      headers: { 'content-type': 'application/json' },
+    });
+    assert.equal(deep.status, 400, deep.text.slice(0, 200));
     await f.server.services.usage.flush();
     const rows = await f.server.services.store.db.select().from(tables.usageRecords);
     assert.equal(rows.length, before.length, 'no worker call, no usage');
