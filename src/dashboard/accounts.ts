@@ -59,6 +59,9 @@ export interface AccountView {
 const DUMMY_HASH = hashPassword('not a password of anyone, ever');
 
 export class Accounts {
+  /** Per user, the end of the code checks queued so far (see `attempt`). */
+  private readonly codeQueues = new Map<string, Promise<void>>();
+
   constructor(
     private readonly db: Db,
     private readonly clock: Clock,
@@ -251,6 +254,25 @@ export class Accounts {
    * minutes; only wrong codes count.
    */
   private async attempt<T>(userId: string, verify: () => Promise<T>): Promise<T> {
+    // One check at a time per user: "count, verify, count the failure" spans several
+    // awaits, and codes sent at once would all pass the count before any failure was
+    // added (30 concurrent wrong codes got 24 checked). Across router instances each
+    // runs its own queue, so N instances allow at most N - 1 extra tries.
+    const before = this.codeQueues.get(userId) ?? Promise.resolve();
+    let done!: () => void;
+    const mine = new Promise<void>((resolve) => (done = resolve));
+    const tail = before.then(() => mine);
+    this.codeQueues.set(userId, tail);
+    await before;
+    try {
+      return await this.attemptNow(userId, verify);
+    } finally {
+      done();
+      if (this.codeQueues.get(userId) === tail) this.codeQueues.delete(userId);
+    }
+  }
+
+  private async attemptNow<T>(userId: string, verify: () => Promise<T>): Promise<T> {
     const key = `dash-code:${userId}`;
     await this.limits.checkFailures(
       key,

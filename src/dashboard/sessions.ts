@@ -16,7 +16,8 @@
  *
  * Every session carries its CSRF token, which each page embeds in its
  * `csrf-token` meta tag and state-changing requests send back as X-CSRF-Token.
- * Password changes and resets end all of a user's sessions (`closeAll`).
+ * Password changes and resets end all of a user's sessions and pending
+ * two-factor sign-ins (`closeAll`).
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { and, eq, lte } from 'drizzle-orm';
@@ -109,8 +110,14 @@ export class Sessions {
   }
 
   /** Ends every session of a user (password change, admin password reset). */
+  /**
+   * Ends every session of the user, and every sign-in waiting for its second
+   * factor: one opened with the old password must not become a session after the
+   * password changed.
+   */
   async closeAll(userId: string): Promise<void> {
     await this.db.delete(S).where(eq(S.userId, userId));
+    await this.db.delete(C).where(eq(C.userId, userId));
   }
 
   async openChallenge(userId: string): Promise<Opened> {

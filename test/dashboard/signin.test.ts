@@ -276,6 +276,73 @@ describe('dashboard two-factor authentication', () => {
     assert.equal(ok.status, 200, ok.text);
   });
 
+  it('a sign-in waiting for its code ends when the password changes or is reset', async () => {
+    const id = await user(s, 'half@example.com');
+    const v = new Visitor(s.url);
+    await v.login('half@example.com', PASSWORD);
+    const { secret } = await enable(v);
+    for (const change of ['reset', 'own'] as const) {
+      s.clock.advance(60_000);
+      const old = new Visitor(s.url);
+      await old.login('half@example.com', change === 'reset' ? PASSWORD : 'set by the operator');
+      await old.page('/login/2fa');
+      if (change === 'reset') {
+        const r = await s.admin('POST', `/users/${id}/password`, {
+          password: 'set by the operator',
+        });
+        assert.equal(r.status, 200, r.text);
+      } else {
+        const u = new Visitor(s.url);
+        await u.login('half@example.com', 'set by the operator');
+        await u.page('/login/2fa');
+        s.clock.advance(30_000);
+        const in2 = await u.send('POST', '/login/2fa', {
+          body: { code: totpCode(secret, s.clock.now()) },
+        });
+        assert.equal(in2.status, 200, in2.text);
+        await u.page('/account');
+        const c = await u.send('POST', '/account/password', {
+          body: { current_password: 'set by the operator', password: 'changed by the user' },
+        });
+        assert.equal(c.status, 200, c.text);
+      }
+      s.clock.advance(30_000);
+      const late = await old.send('POST', '/login/2fa', {
+        body: { code: totpCode(secret, s.clock.now()) },
+      });
+      assert.equal(late.status, 401, `${change}: ${late.text}`);
+      assert.equal(errorCode(late), 'login_expired');
+      assert.equal((await old.send('GET', '/dashboard')).status, 302);
+    }
+  });
+
+  it('wrong codes sent at once: still only 5 are checked', async () => {
+    await user(s, 'burst@example.com');
+    const v = new Visitor(s.url);
+    await v.login('burst@example.com', PASSWORD);
+    await enable(v); // one wrong code spent
+    s.clock.advance(5 * 60_000);
+    const w = new Visitor(s.url);
+    await w.login('burst@example.com', PASSWORD);
+    await w.page('/login/2fa');
+    // A slower user lookup (as with PGlite in its worker thread, or a remote
+    // PostgreSQL) lets concurrent checks interleave where they can.
+    const accounts = s.services.dashboard.accounts;
+    const lookup = accounts.user.bind(accounts);
+    accounts.user = async (id) => {
+      await new Promise((r) => setTimeout(r, 10));
+      return lookup(id);
+    };
+    const answers = await Promise.all(
+      Array.from({ length: 30 }, () => w.send('POST', '/login/2fa', { body: { code: '000000' } })),
+    ).finally(() => {
+      accounts.user = lookup;
+    });
+    const statuses = answers.map((a) => a.status);
+    assert.equal(statuses.filter((x) => x === 401).length, 5, statuses.join(','));
+    assert.equal(statuses.filter((x) => x === 429).length, 25);
+  });
+
   it('disabling and regenerating need a TOTP code; disabling removes the seed and the backup codes', async () => {
     await user(s, 'off@example.com');
     const v = new Visitor(s.url);
