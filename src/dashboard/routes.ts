@@ -166,8 +166,16 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
     /** The router's answer, or its error passed on as it is. */
     const ok = (f: Forwarded, reply: FastifyReply) => {
       if (f.status >= 400) {
-        const e = (f.body.error ?? {}) as { code?: string; message?: string };
-        return reply.code(f.status).send({ error: { ...e, type: e.code ?? 'error' } });
+        // The router's envelope as it is: message, type, code, param (spec, Errors).
+        const e = (f.body.error ?? {}) as Record<string, unknown>;
+        return reply.code(f.status).send({
+          error: {
+            message: e.message ?? 'The request failed.',
+            type: e.type ?? 'api_error',
+            code: e.code ?? 'internal_error',
+            param: e.param ?? null,
+          },
+        });
       }
       return null;
     };

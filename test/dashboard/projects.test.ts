@@ -107,6 +107,15 @@ describe('dashboard projects and the internal path', () => {
     const tried = await v.send('POST', `${root()}/keys`, { body: {} });
     assert.equal(tried.status, 403);
     assert.equal(errorCode(tried), 'scope_insufficient');
+    // The router's envelope, its type included (spec: scope_insufficient carries
+    // authentication_error).
+    assert.deepEqual(Object.keys(tried.json.error as object).sort(), [
+      'code',
+      'message',
+      'param',
+      'type',
+    ]);
+    assert.equal((tried.json.error as { type: string }).type, 'authentication_error');
     const hook = await v.send('POST', `${root()}/webhooks`, {
       body: { url: 'https://127.0.0.1:9/h', events: 'exec.completed' },
     });
