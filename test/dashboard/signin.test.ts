@@ -232,11 +232,20 @@ describe('dashboard two-factor authentication', () => {
     await y.page('/login/2fa');
     assert.equal((await y.send('POST', '/login/2fa', { body: { code: codes[0]! } })).status, 401);
 
-    // Five minutes after the password: the login restarts.
+    // Five minutes after the password: the login restarts; a second before, it
+    // still completes.
+    const q = new Visitor(s.url);
+    await q.login('two@example.com', PASSWORD);
+    await q.page('/login/2fa');
     const z = new Visitor(s.url);
     await z.login('two@example.com', PASSWORD);
     await z.page('/login/2fa');
-    s.clock.advance(5 * 60_000);
+    s.clock.advance(5 * 60_000 - 1000);
+    const inTime = await q.send('POST', '/login/2fa', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(inTime.status, 200, inTime.text);
+    s.clock.advance(1000);
     const late = await z.send('POST', '/login/2fa', {
       body: { code: totpCode(secret, s.clock.now()) },
     });
@@ -265,9 +274,17 @@ describe('dashboard two-factor authentication', () => {
     assert.equal(limited.status, 429);
     assert.equal(errorCode(limited), 'rate_limit_exceeded');
     assert.ok(Number(limited.headers['retry-after']) > 0);
-    // Once the wrong ones are older than 5 minutes, the right code signs in. (The
-    // pending login has ended by then: start it again.)
-    s.clock.advance(5 * 60_000);
+    // A second before the wrong ones are 5 minutes old: still refused.
+    s.clock.advance(5 * 60_000 - 1000);
+    await w.login('limit@example.com', PASSWORD);
+    await w.page('/login/2fa');
+    const still = await w.send('POST', '/login/2fa', {
+      body: { code: totpCode(secret, s.clock.now()) },
+    });
+    assert.equal(still.status, 429);
+    // Once they are older than 5 minutes, the right code signs in. (The pending
+    // login has ended by then: start it again.)
+    s.clock.advance(1000);
     await w.login('limit@example.com', PASSWORD);
     await w.page('/login/2fa');
     const ok = await w.send('POST', '/login/2fa', {
