@@ -295,11 +295,16 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       return `${r.protocol}://${r.host}`;
     };
 
+    // Sign-in only. Linking an identity to a signed-in account starts with a POST
+    // carrying the page's CSRF token (/account/identities/<idp>/link): a GET any
+    // site can make a signed-in browser follow, so as a link it would attach the
+    // identity the provider's session happens to hold (an attacker's) to the
+    // victim's account. A signed-in browser is sent to its account page instead.
     app.get<{ Params: { idp: string } }>('/auth/:idp', async (r, reply) => {
-      const sess = await sessionOf(r);
+      if (await sessionOf(r)) return reply.redirect('/account');
       try {
         const { url, pending } = await d.providers(base(r)).begin(r.params.idp);
-        await d.idpLogins.save(pending, sess?.userId ?? null, IDP_LOGIN_MS);
+        await d.idpLogins.save(pending, null, IDP_LOGIN_MS);
         void reply.setCookie(IDP, pending.state, { ...COOKIE, maxAge: IDP_LOGIN_MS / 1000 });
         return reply.redirect(url);
       } catch (err) {
@@ -561,7 +566,9 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
                     </table>`
                   : html`<p class="muted">None linked.</p>`
               }
-              ${d.idps.map((p) => html`<p><a href="/auth/${p.name}">Link ${p.name}</a></p>`)}
+              ${d.idps.map((p) =>
+                form({ action: `/account/identities/${p.name}/link`, submit: `Link ${p.name}` }),
+              )}
             </section>`,
         }),
       );
@@ -623,6 +630,24 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
         await signedIn(r);
         await d.accounts.unlink(r.dash!.userId, r.params.provider);
         return { next: '/account' };
+      },
+    );
+
+    // Begins linking an identity to the signed-in account (CSRF-checked like every
+    // POST); the page's script follows `next` to the provider.
+    app.post<{ Params: { provider: string } }>(
+      '/account/identities/:provider/link',
+      async (r, reply) => {
+        await signedIn(r);
+        let begun;
+        try {
+          begun = await d.providers(base(r)).begin(r.params.provider);
+        } catch (err) {
+          throw new ServiceError('identity_login_failed', { message: idpMessage(err) });
+        }
+        await d.idpLogins.save(begun.pending, r.dash!.userId, IDP_LOGIN_MS);
+        void reply.setCookie(IDP, begun.pending.state, { ...COOKIE, maxAge: IDP_LOGIN_MS / 1000 });
+        return { next: begun.url };
       },
     );
   };

@@ -79,11 +79,22 @@ describe('identity-provider sign-in through the router', () => {
 
   // ---- the browser's part ----
 
-  /** GET /auth/fake: the redirect to the provider's /authorize. */
+  /**
+   * The way to the provider's /authorize: GET /auth/fake to sign in; signed in, the
+   * account page's "Link" (a POST with the page's CSRF token) to link.
+   */
   async function toProvider(v: Visitor, provider = 'fake'): Promise<string> {
-    const a = await v.send('GET', `/auth/${provider}`);
-    assert.equal(a.status, 302, a.text);
-    const to = String(a.location);
+    let to: string;
+    if (v.cookies.has('swy_session')) {
+      await v.page('/account');
+      const r = await v.send('POST', `/account/identities/${provider}/link`, { body: {} });
+      assert.equal(r.status, 200, r.text);
+      to = String(r.json.next);
+    } else {
+      const a = await v.send('GET', `/auth/${provider}`);
+      assert.equal(a.status, 302, a.text);
+      to = String(a.location);
+    }
     assert.ok(to.startsWith(`${idp.issuer}/authorize?`), `to the provider: ${to}`);
     return to;
   }
@@ -346,6 +357,33 @@ describe('identity-provider sign-in through the router', () => {
     const xAcct = await account(x);
     assert.ok(!xAcct.includes(lindaId), 'not Linda');
     assert.ok(xAcct.includes(LINKER.email));
+  });
+
+  it('linking starts only from a POST with the page token, never from a GET another site can trigger', async () => {
+    await createUser({ name: 'Erin', email: 'erin@example.com', password: PASSWORD });
+    const v = new Visitor(s.url);
+    assert.equal(await v.login('erin@example.com', PASSWORD), '/dashboard');
+    const before = (await account(v)).includes('None linked.');
+    assert.ok(before);
+    // A signed-in GET /auth/fake (a link on another site) starts nothing.
+    const get = await v.send('GET', '/auth/fake');
+    assert.equal(get.status, 302);
+    assert.equal(get.location, '/account');
+    assert.equal(v.cookies.has('swy_idp'), false);
+    // The POST without the page's token is refused.
+    const forged = await v.send('POST', '/account/identities/fake/link', { body: {}, csrf: null });
+    assert.equal(forged.status, 403);
+    assert.equal(v.cookies.has('swy_idp'), false);
+    // The account page offers it as a form (POST), not as a link.
+    const acct = await account(v);
+    assert.match(acct, /action="\/account\/identities\/fake\/link"/);
+    assert.doesNotMatch(acct, /href="\/auth\/fake"/);
+    const unknown = await v.send('POST', '/account/identities/nope/link', { body: {} });
+    assert.equal(unknown.status, 401, unknown.text);
+    assert.equal(
+      unknown.json.error && (unknown.json.error as { code: string }).code,
+      'identity_login_failed',
+    );
   });
 
   it('an account whose only way in is the identity cannot unlink it', async () => {
