@@ -8,6 +8,7 @@
  * seeds and signs the internal token, each with its own derived key; dashboard
  * and API instances must share it.
  */
+import { createHmac } from 'node:crypto';
 import type { Config } from '../config/index.js';
 import type { Limits } from '../http/limits.js';
 import type { Clock } from '../runtime/clock.js';
@@ -35,6 +36,12 @@ export interface Dashboard {
   providers(requestOrigin: string): IdentityProviders;
   /** Where the key came from, for the start banner. */
   keySource: 'env' | 'file' | 'memory';
+  /**
+   * The signature of an error message a redirect shows on the next page
+   * (`?error=…&sig=…`): only messages the router wrote are shown, never text a link
+   * from elsewhere put in the URL ("your account is locked, call …").
+   */
+  noticeSig(message: string): string;
 }
 
 export function createDashboard(o: {
@@ -49,6 +56,7 @@ export function createDashboard(o: {
   });
   const sessions = new Sessions(o.db, o.clock);
   const box = new SecretBox(deriveKey(key, 'totp-seeds'));
+  const noticeKey = deriveKey(key, 'page-notices');
   const idps = parseIdps(o.config.idps);
   let current: { base: string; providers: IdentityProviders } | null = null;
   return {
@@ -65,5 +73,7 @@ export function createDashboard(o: {
       return current.providers;
     },
     keySource: source,
+    noticeSig: (message) =>
+      createHmac('sha256', noticeKey).update(message).digest('base64url').slice(0, 22),
   };
 }

@@ -164,6 +164,18 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
     };
 
     /** The router's answer, or its error passed on as it is. */
+    /** `where?error=…&sig=…`: an error message for the next page to show (`notice`). */
+    const noticeUrl = (where: string, message: string) =>
+      `${where}?error=${encodeURIComponent(message)}&sig=${d.noticeSig(message)}`;
+    /** The error a page shows: the router's own message, or a generic one for any other text. */
+    const notice = (r: FastifyRequest): string | null => {
+      const q = r.query as { error?: unknown; sig?: unknown };
+      if (typeof q.error !== 'string' || q.error === '') return null;
+      return typeof q.sig === 'string' && sameToken(q.sig, d.noticeSig(q.error))
+        ? q.error
+        : 'The sign-in did not complete; try again.';
+    };
+
     const ok = (f: Forwarded, reply: FastifyReply) => {
       if (f.status >= 400) {
         // The router's envelope as it is: message, type, code, param (spec, Errors).
@@ -193,7 +205,8 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       if (await sessionOf(r)) return reply.redirect('/dashboard');
       const csrf = r.cookies[CSRF] ?? newToken();
       void reply.setCookie(CSRF, csrf, COOKIE);
-      const q = r.query as { expired?: string; error?: string };
+      const q = r.query as { expired?: string };
+      const error = notice(r);
       const providers = d.idps.map((p) => p.name);
       return reply.type('text/html; charset=utf-8').send(
         page({
@@ -205,7 +218,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
                   ? html`<p class="error">The login took longer than 5 minutes; sign in again.</p>`
                   : null
               }
-              ${q.error ? html`<p class="error">${q.error}</p>` : null}
+              ${error ? html`<p class="error">${error}</p>` : null}
               ${form({
                 action: '/login',
                 id: 'login',
@@ -308,7 +321,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
         void reply.setCookie(IDP, pending.state, { ...COOKIE, maxAge: IDP_LOGIN_MS / 1000 });
         return reply.redirect(url);
       } catch (err) {
-        return reply.redirect(`/login?error=${encodeURIComponent(idpMessage(err))}`);
+        return reply.redirect(noticeUrl('/login', idpMessage(err)));
       }
     });
 
@@ -340,7 +353,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       } catch (err) {
         const message = err instanceof ServiceError ? err.message : idpMessage(err);
         const where = linking ? '/account' : '/login';
-        return reply.redirect(`${where}?error=${encodeURIComponent(message)}`);
+        return reply.redirect(noticeUrl(where, message));
       }
     });
 
@@ -487,7 +500,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       const u = await pageUser(r, reply);
       if (!u) return reply;
       const a = u.account;
-      const error = (r.query as { error?: string }).error;
+      const error = notice(r);
       return reply.type('text/html; charset=utf-8').send(
         page({
           title: 'Account',

@@ -289,6 +289,18 @@ describe('identity-provider sign-in through the router', () => {
     assertRefused(a, v);
     const page = await v.page(String(a.location));
     assert.ok(page.text.includes('No such identity provider.'), page.text);
+    // Only the router's own messages are shown: text a link from elsewhere put in
+    // the URL (or a real message with a wrong signature) is replaced.
+    for (const path of [
+      '/login?error=Your%20account%20is%20locked%2C%20call%20%2B1-555-0100',
+      `/login?error=Your%20account%20is%20locked&sig=${new URL(String(a.location), s.url).searchParams.get('sig')}`,
+      '/account?error=Call%20%2B1-555-0100',
+    ]) {
+      const forged = await v.page(path);
+      assert.ok(!forged.text.includes('locked') && !forged.text.includes('555'), path);
+    }
+    const generic = await v.page('/login?error=Your%20account%20is%20locked');
+    assert.ok(generic.text.includes('The sign-in did not complete; try again.'));
     assertRefused(await v.send('GET', '/auth/nope/callback?code=abc&state=xyz'), v);
     assert.equal(idp.requests.length, seen, 'the provider was not asked');
   });
