@@ -41,6 +41,9 @@ const { users: U, userBackupCodes: B, userIdentities: I } = tables;
 
 export const CODE_ATTEMPTS = 5;
 export const CODE_WINDOW_MS = 5 * 60_000;
+/** Wrong passwords per address before sign-in with a password waits (not in the spec). */
+export const PASSWORD_ATTEMPTS = 10;
+export const PASSWORD_WINDOW_MS = 15 * 60_000;
 
 export type UserRow = typeof U.$inferSelect;
 
@@ -59,8 +62,8 @@ export interface AccountView {
 const DUMMY_HASH = hashPassword('not a password of anyone, ever');
 
 export class Accounts {
-  /** Per user, the end of the code checks queued so far (see `attempt`). */
-  private readonly codeQueues = new Map<string, Promise<void>>();
+  /** Per limited key, the end of the checks queued so far (see `limited`). */
+  private readonly queues = new Map<string, Promise<void>>();
 
   constructor(
     private readonly db: Db,
@@ -98,13 +101,27 @@ export class Accounts {
     };
   }
 
-  /** The user whose password this is, or 401 `invalid_credentials`. */
-  async passwordLogin(email: string, password: string): Promise<UserRow> {
-    const [u] = await this.db
-      .select()
-      .from(U)
-      .where(eq(U.email, email.trim().toLowerCase()))
-      .limit(1);
+  /**
+   * The user whose password this is, or 401 `invalid_credentials`; 429 after 10
+   * wrong passwords for the address in 15 minutes (counted per address, whether or
+   * not an account has it, so the answer tells nothing about which exist).
+   */
+  passwordLogin(email: string, password: string): Promise<UserRow> {
+    const address = email.trim().toLowerCase();
+    return this.limited(
+      {
+        key: `dash-password:${address}`,
+        limit: PASSWORD_ATTEMPTS,
+        windowMs: PASSWORD_WINDOW_MS,
+        wrong: 'invalid_credentials',
+        message: 'Too many wrong passwords for this address; wait a few minutes and try again.',
+      },
+      () => this.passwordLoginNow(address, password),
+    );
+  }
+
+  private async passwordLoginNow(email: string, password: string): Promise<UserRow> {
+    const [u] = await this.db.select().from(U).where(eq(U.email, email)).limit(1);
     const ok = await verifyPassword(password, u?.passwordHash ?? (await DUMMY_HASH));
     if (!u || !u.passwordHash || !ok) throw new ServiceError('invalid_credentials');
     return u;
@@ -249,44 +266,52 @@ export class Accounts {
     await this.attempt(userId, () => this.useTotp(u, secret, code));
   }
 
+  /** A code check under the rate limit: refused (429) after 5 wrong codes in 5 minutes. */
+  private attempt<T>(userId: string, verify: () => Promise<T>): Promise<T> {
+    return this.limited(
+      {
+        key: `dash-code:${userId}`,
+        limit: CODE_ATTEMPTS,
+        windowMs: CODE_WINDOW_MS,
+        wrong: 'invalid_code',
+        message: 'Too many wrong two-factor codes; wait a few minutes and try again.',
+      },
+      verify,
+    );
+  }
+
   /**
-   * A code check under the rate limit: refused (429) after 5 wrong codes in 5
-   * minutes; only wrong codes count.
+   * A check under a failure limit: refused (429) once `limit` wrong answers (errors
+   * with code `wrong`) are in the window; right answers never count.
+   *
+   * One check at a time per key: "count, verify, count the failure" spans several
+   * awaits, and answers sent at once would all pass the count before any failure
+   * was added (30 concurrent wrong codes got 24 checked). Across router instances
+   * each runs its own queue, so N instances allow at most N - 1 extra tries.
    */
-  private async attempt<T>(userId: string, verify: () => Promise<T>): Promise<T> {
-    // One check at a time per user: "count, verify, count the failure" spans several
-    // awaits, and codes sent at once would all pass the count before any failure was
-    // added (30 concurrent wrong codes got 24 checked). Across router instances each
-    // runs its own queue, so N instances allow at most N - 1 extra tries.
-    const before = this.codeQueues.get(userId) ?? Promise.resolve();
+  private async limited<T>(
+    rule: { key: string; limit: number; windowMs: number; wrong: string; message: string },
+    verify: () => Promise<T>,
+  ): Promise<T> {
+    const before = this.queues.get(rule.key) ?? Promise.resolve();
     let done!: () => void;
     const mine = new Promise<void>((resolve) => (done = resolve));
     const tail = before.then(() => mine);
-    this.codeQueues.set(userId, tail);
+    this.queues.set(rule.key, tail);
     await before;
     try {
-      return await this.attemptNow(userId, verify);
+      await this.limits.checkFailures(rule.key, rule.limit, rule.windowMs, rule.message);
+      try {
+        return await verify();
+      } catch (err) {
+        if (err instanceof ServiceError && err.code === rule.wrong) {
+          await this.limits.addFailure(rule.key, rule.windowMs);
+        }
+        throw err;
+      }
     } finally {
       done();
-      if (this.codeQueues.get(userId) === tail) this.codeQueues.delete(userId);
-    }
-  }
-
-  private async attemptNow<T>(userId: string, verify: () => Promise<T>): Promise<T> {
-    const key = `dash-code:${userId}`;
-    await this.limits.checkFailures(
-      key,
-      CODE_ATTEMPTS,
-      CODE_WINDOW_MS,
-      'Too many wrong two-factor codes; wait a few minutes and try again.',
-    );
-    try {
-      return await verify();
-    } catch (err) {
-      if (err instanceof ServiceError && err.code === 'invalid_code') {
-        await this.limits.addFailure(key, CODE_WINDOW_MS);
-      }
-      throw err;
+      if (this.queues.get(rule.key) === tail) this.queues.delete(rule.key);
     }
   }
 

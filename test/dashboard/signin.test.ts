@@ -138,6 +138,31 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal((await w.send('GET', '/dashboard')).status, 302, 'at 1440 min');
   });
 
+  it('wrong passwords are rate limited per address: 10 in 15 minutes, then even the right one waits', async () => {
+    await user(s, 'guess@example.com');
+    const v = new Visitor(s.url);
+    await v.page('/login');
+    const tryPassword = (password: string, email = 'guess@example.com') =>
+      v.send('POST', '/login', { body: { email, password } });
+    const wrong = await Promise.all(
+      Array.from({ length: 12 }, (_, i) => tryPassword(`wrong password ${i}`)),
+    );
+    const statuses = wrong.map((a) => a.status).sort();
+    assert.equal(statuses.filter((x) => x === 401).length, 10, statuses.join(','));
+    assert.equal(statuses.filter((x) => x === 429).length, 2);
+    const right = await tryPassword(PASSWORD);
+    assert.equal(right.status, 429);
+    assert.equal(errorCode(right), 'rate_limit_exceeded');
+    assert.ok(Number(right.headers['retry-after']) > 0);
+    // Another address is not affected (nor tells whether it has an account).
+    assert.equal((await tryPassword('x', 'other-guess@example.com')).status, 401);
+    s.clock.advance(15 * 60_000 - 1000);
+    assert.equal((await tryPassword(PASSWORD, 'GUESS@example.com')).status, 429);
+    // The limiter's log keeps time in steps of 1/1000 of its window (0.9 s here).
+    s.clock.advance(2000);
+    assert.equal((await tryPassword(PASSWORD)).status, 200);
+  });
+
   it('a password change (and an operator reset) ends every session', async () => {
     const id = await user(s, 'pw@example.com');
     const a = new Visitor(s.url);
