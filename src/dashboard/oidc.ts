@@ -71,7 +71,8 @@ export interface IdpIdentity {
   name: string | null;
 }
 
-export type IdpErrorCode = 'unknown_provider' | 'provider_unreachable' | 'login_refused';
+export type IdpErrorCode =
+  'unknown_provider' | 'provider_unreachable' | 'login_refused' | 'not_configured';
 
 export class IdpError extends Error {
   override readonly name = 'IdpError';

@@ -301,7 +301,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       if (s.config.publicBaseUrl) return s.config.publicBaseUrl;
       if (s.config.env === 'production') {
         throw new IdpError(
-          'provider_unreachable',
+          'not_configured',
           'Identity-provider sign-in needs SWITCHYARD_BASE_URL in production.',
         );
       }
@@ -707,6 +707,9 @@ function idpMessage(err: unknown): string {
   if (err instanceof IdpError) {
     if (err.code === 'unknown_provider') return 'No such identity provider.';
     if (err.code === 'provider_unreachable') return 'The identity provider cannot be reached.';
+    // The operator's part (no public base URL in production), not the provider's.
+    if (err.code === 'not_configured')
+      return 'Sign-in with an identity provider is not set up here.';
     return 'The identity provider did not sign you in.';
   }
   return 'The identity provider did not sign you in.';
