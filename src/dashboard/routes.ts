@@ -27,6 +27,7 @@
 import fastifyCookie from '@fastify/cookie';
 import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
+import { errorHandler, toServiceError } from '../http/errors.js';
 import type { Role } from '../exec/users.js';
 import { request as httpRequest } from '../runtime/http-client.js';
 import type { Services } from '../runtime/services.js';
@@ -69,6 +70,31 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
     app.removeContentTypeParser('text/plain');
     app.addHook('onSend', async (_request, reply) => {
       reply.headers(SECURITY_HEADERS);
+    });
+
+    // A page a browser asked for (GET, Accept: text/html) that fails is answered
+    // with a page, not the API's JSON envelope; fetch() calls keep the envelope.
+    app.setErrorHandler((err, request, reply) => {
+      const wantsPage =
+        request.method === 'GET' && /text\/html/.test(String(request.headers.accept ?? ''));
+      if (!wantsPage) return errorHandler(err, request, reply);
+      const se = toServiceError(err);
+      if (se.status >= 500) request.log.error({ err, code: se.code }, 'request failed');
+      const csrf = request.cookies[CSRF] ?? '';
+      return reply
+        .code(se.status)
+        .type('text/html; charset=utf-8')
+        .send(
+          page({
+            title: 'Error',
+            csrf,
+            body: html`<section>
+              <h1>${se.status === 404 ? 'Not found' : 'Something went wrong'}</h1>
+              <p class="error">${se.message}</p>
+              <p><a href="/dashboard">Back to your projects</a></p>
+            </section>`,
+          }),
+        );
     });
 
     const sessionOf = async (r: FastifyRequest) => {

@@ -62,6 +62,15 @@ describe('dashboard projects and the internal path', () => {
     assert.doesNotMatch(page.text, new RegExp(other.projectId));
     const foreign = await v.send('GET', `/dashboard/projects/${other.projectId}`);
     assert.equal(foreign.status, 404);
+    // A browser gets a page (escaped, with the way back), a script the envelope.
+    const shown = await v.send('GET', `/dashboard/projects/${other.projectId}`, {
+      headers: { accept: 'text/html,application/xhtml+xml' },
+    });
+    assert.equal(shown.status, 404);
+    assert.match(String(shown.headers['content-type']), /^text\/html/);
+    assert.match(shown.text, /<h1>Not found<\/h1>/);
+    assert.match(shown.text, /href="\/dashboard"/);
+    assert.equal((foreign.json.error as { code: string }).code, 'project_not_found');
   });
 
   it('an owner creates a key (shown once, working on the API), rotates and revokes it', async () => {
