@@ -3,7 +3,15 @@
  * PGlite in the data directory when `DATABASE_URL` is unset (embedded default),
  * node-postgres when it is set (scale-out). Migrations from `drizzle/` run at open.
  */
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  rmSync,
+  writeSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -57,15 +65,31 @@ export async function openStore(opts: OpenStoreOptions): Promise<Store> {
 }
 
 async function openPglite(dataDir: string, thread: boolean, from?: Uint8Array): Promise<Store> {
-  const { drizzle } = await import('drizzle-orm/pglite');
-  const { migrate } = await import('drizzle-orm/pglite/migrator');
   let dir = 'memory://';
+  let unlock = () => {};
   if (dataDir !== 'memory://') {
     dir = join(dataDir, 'pgdata');
     mkdirSync(dir, { recursive: true });
+    unlock = lockDataDir(dataDir);
     // PGlite refuses to load a dump over an existing database.
     if (existsSync(join(dir, 'PG_VERSION'))) from = undefined;
   }
+  try {
+    return await openPgliteIn(dir, thread, from, unlock);
+  } catch (err) {
+    unlock();
+    throw err;
+  }
+}
+
+async function openPgliteIn(
+  dir: string,
+  thread: boolean,
+  from: Uint8Array | undefined,
+  unlock: () => void,
+): Promise<Store> {
+  const { drizzle } = await import('drizzle-orm/pglite');
+  const { migrate } = await import('drizzle-orm/pglite/migrator');
   let client: { close(): Promise<void> };
   let db;
   if (thread) {
@@ -84,13 +108,68 @@ async function openPglite(dataDir: string, thread: boolean, from?: Uint8Array): 
     client = c;
     db = drizzle({ client: c, schema });
   }
-  await migrate(db, { migrationsFolder });
+  try {
+    await migrate(db, { migrationsFolder });
+  } catch (err) {
+    await client.close().catch(() => undefined);
+    throw err;
+  }
   return {
     db: db as unknown as Db,
     driver: 'pglite',
     ping: () => ping(db as unknown as Db),
-    close: once(() => client.close()),
+    close: once(async () => {
+      try {
+        await client.close();
+      } finally {
+        unlock();
+      }
+    }),
   };
+}
+
+/**
+ * One process per embedded database. PGlite keeps the database in memory and writes
+ * it back to its files: two processes on one data directory each see only their own
+ * writes, and the last to close wins (seen: a second `npm start` on another PORT
+ * started fine, and one instance's projects were gone after a restart). The lock is a
+ * file holding the owner's pid, created exclusively; one left by a process that no
+ * longer runs is taken over. Several instances share PostgreSQL (DATABASE_URL).
+ */
+function lockDataDir(dataDir: string): () => void {
+  const path = join(dataDir, 'pgdata.lock');
+  for (let tries = 0; ; tries++) {
+    try {
+      const fd = openSync(path, 'wx', 0o600);
+      writeSync(fd, `${process.pid}\n`);
+      closeSync(fd);
+      return () => rmSync(path, { force: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || tries > 0) throw err;
+    }
+    const owner = Number.parseInt(readFileSync(path, 'utf8'), 10);
+    if (Number.isInteger(owner) && owner > 0 && owner !== process.pid && alive(owner)) {
+      throw new Error(
+        `The data directory ${resolve(dataDir)} is in use by another Switchyard process ` +
+          `(pid ${owner}): two processes on one embedded database lose each other's ` +
+          `writes. Stop it, set another SWITCHYARD_DATA_DIR, or share PostgreSQL ` +
+          `(DATABASE_URL) between instances. (If pid ${owner} is not Switchyard, ` +
+          `delete ${path}.)`,
+      );
+    }
+    // Left behind by a process that is gone (or by this one): take it over.
+    rmSync(path, { force: true });
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // EPERM: it exists, under another user.
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
 }
 
 type PgliteAssets = Required<Pick<PGliteOptions, 'pgliteWasmModule' | 'fsBundle'>>;

@@ -79,6 +79,38 @@ describe('HTTPS and production mode', () => {
     assert.equal((await http('GET', `${url}/healthz`)).status, 200);
   });
 
+  it('one process per embedded database: a second serve on the same data directory exits 1', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const first = await start({ SWITCHYARD_DATA_DIR: dir });
+    procs.push(first.p);
+    const second = spawnSwitchyard(['serve'], {
+      PORT: '0',
+      LOG_LEVEL: 'fatal',
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_ADMIN_TOKEN: TOKEN,
+      SWITCHYARD_DATA_DIR: dir,
+    });
+    procs.push(second);
+    let bound: NodeJS.Timeout | undefined;
+    const code = await Promise.race([
+      once(second.child, 'exit').then(([c]) => c as number | null),
+      new Promise((r) => (bound = setTimeout(r, 60_000, 'still running'))),
+    ]);
+    clearTimeout(bound);
+    assert.equal(code, 1, second.stderr());
+    assert.match(second.stderr(), /is in use by another Switchyard process \(pid \d+\)/);
+    assert.equal((await http('GET', `${first.url}/healthz`)).status, 200);
+    // Stopped cleanly, the first one releases it; killed, its lock is taken over.
+    assert.equal(await first.p.stop('SIGTERM'), 0);
+    const third = await start({ SWITCHYARD_DATA_DIR: dir });
+    procs.push(third.p);
+    await third.p.stop('SIGKILL');
+    const fourth = await start({ SWITCHYARD_DATA_DIR: dir });
+    procs.push(fourth.p);
+    assert.equal((await http('GET', `${fourth.url}/healthz`)).status, 200);
+  });
+
   it('plain HTTP is refused in production (probes excepted) and responses carry HSTS', async () => {
     const dir = tmp();
     dirs.push(dir);
