@@ -177,10 +177,27 @@ export async function serve(argv: string[]): Promise<number> {
   printBanner(baseUrl, config, services, demo, roles);
   if (execBanner) process.stdout.write(execBanner + '\n');
 
+  // A reader of our output that went away (`serve | tee` after tee died) must not
+  // turn a write into an uncaught EPIPE in the middle of a shutdown.
+  for (const out of [process.stdout, process.stderr]) out.on('error', () => undefined);
+
   let stopping = false;
   const stop = async (signal: string) => {
-    if (stopping) return;
+    if (stopping) {
+      // A second signal while draining: stop now (what an operator pressing Ctrl-C
+      // twice means), without the rest of the drain.
+      process.exit(1);
+    }
     stopping = true;
+    try {
+      await drain(signal);
+    } catch (err) {
+      logger.error({ err }, 'shutdown failed');
+      process.exit(1);
+    }
+    process.exit(0);
+  };
+  const drain = async (signal: string) => {
     logger.info({ signal, drainMs: config.drainMs }, 'draining');
     // Stop taking work: the listener closes (new connections are refused, requests
     // on kept-alive connections get 503), webhook leases in flight finish and record.
@@ -205,7 +222,6 @@ export async function serve(argv: string[]): Promise<number> {
     for (const c of closers) await c();
     await services.close(); // flushes buffered usage records
     logger.info('stopped');
-    process.exit(0);
   };
   process.on('SIGTERM', () => void stop('SIGTERM'));
   process.on('SIGINT', () => void stop('SIGINT'));

@@ -317,4 +317,50 @@ describe('graceful drain on SIGTERM', () => {
     assert.deepEqual(rows.map((r) => r.status).sort(), ['cancelled', 'completed']);
     assert.ok(rows.find((r) => r.status === 'cancelled')!.completionTokens >= 1);
   });
+
+  it('a second SIGTERM while draining exits at once with code 1', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const worker = spawnSwitchyard(
+      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', 'dm2'],
+      {},
+    );
+    procs.push(worker);
+    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
+    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_DRAIN_MS: '60000' });
+    procs.push(p);
+    const op = (path: string, body: unknown) =>
+      http('POST', `${url}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+    await op('/models', { name: 'dm2', context_window: 4096 });
+    await op('/workers', { model: 'dm2', tier: 'gpu', url: workerUrl });
+    const proj = await op('/projects', { slug: 'twice', name: 'Twice' });
+    await op('/projects/twice/endpoints', {
+      slug: 'chat',
+      name: 'Chat',
+      model: 'dm2',
+      tier: 'gpu',
+    });
+    const key = String((await op('/projects/twice/keys', {})).body.key);
+    // A stream that would keep the drain waiting for 10 s.
+    const long = await fetch(`${url}/${String(proj.body.id)}/chat/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'x',
+        messages: [{ role: 'user', content: 'hi' }],
+        stream: true,
+        max_tokens: 50,
+      }),
+    });
+    void long.text().catch(() => undefined);
+    const exited = once(p.child, 'exit');
+    p.child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(p.child.exitCode, null, 'still draining after the first signal');
+    const t0 = Date.now();
+    p.child.kill('SIGTERM');
+    const [code] = (await exited) as [number | null];
+    assert.equal(code, 1);
+    assert.ok(Date.now() - t0 < 5000, 'at once, not after the drain period');
+  });
 });
