@@ -48,16 +48,40 @@ function parseRoles(raw: string | undefined): Set<Role> {
   return roles;
 }
 
+const USAGE = `usage: switchyard serve [--port N] [--host ADDR] [--roles LIST]
+
+Runs the router: the inference API, the management and operator APIs, the dashboard,
+webhook delivery and the execution-agent broker. Every setting is an environment
+variable (README, "Settings"); these flags override three of them:
+
+  --port N        listen port (PORT, default 8080; 0 picks a free one)
+  --host ADDR     listen address (HOST, default 127.0.0.1)
+  --roles LIST    what this process does, any of api,dispatcher,broker,dashboard
+                  (SWITCHYARD_ROLES, default all of them)
+  -h, --help      this text
+`;
+
 export async function serve(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      port: { type: 'string' },
-      host: { type: 'string' },
-      roles: { type: 'string' },
-    },
-    strict: true,
-  });
+  let values: { port?: string; host?: string; roles?: string; help?: boolean };
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        port: { type: 'string' },
+        host: { type: 'string' },
+        roles: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
+      },
+      strict: true,
+    }));
+  } catch (err) {
+    process.stderr.write(`switchyard serve: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
   const env = { ...process.env };
   if (values.port) env.PORT = values.port;
   if (values.host) env.HOST = values.host;

@@ -21,6 +21,7 @@
  */
 import type { Server } from 'node:http';
 import { join, resolve } from 'node:path';
+import { existsSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { systemClock } from '../runtime/clock.js';
 import { InFlight, waitForDrain } from '../workers/drain.js';
@@ -45,30 +46,44 @@ function num(name: string, raw: string | undefined, def: number): number {
   return n;
 }
 
+const USAGE = `usage: switchyard worker [--engine sim|llama] [--port N] [--host ADDR] [options]
+
+Runs an inference worker speaking the OpenAI wire format on <host>:<port>/v1.
+
+  --engine sim|llama        sim (default): the simulator; llama: llama.cpp in process
+  --port N, --host ADDR     where to listen (8000, 127.0.0.1)
+  --model NAME|PATH.gguf    llama: the GGUF file (default: the demo model, built on
+                            first use); sim: the model name it reports (switchyard-sim);
+                            with --register, a model the router knows
+  --context-window N        context size in tokens (4096)
+  --drain-ms MS             on SIGTERM, how long open requests may finish (30000)
+  self-registration:
+  --register ROUTER_URL     register with the router and send heartbeats
+  --token T                 worker token (SWITCHYARD_WORKER_TOKEN)
+  --tier TIER               free|cpu|gpu|self_hosted (cpu)
+  --advertise-url URL/v1    the URL the router should use (default: the listen URL)
+  --capacity N              requests at once the router may send
+  sim only:
+  --ttft-ms MS, --tpot-ms MS            time to first token, per output token (0, 0)
+  --max-running N, --kv-cache-tokens N  sequence slots, KV-cache size (256, 131072)
+  --scheduling-policy fcfs|priority     queue order (priority: the router's priority)
+  --prefill-concurrency N               prefills at once (default: unbounded)
+  -h, --help                this text
+`;
+
 export async function worker(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      engine: { type: 'string', default: 'sim' },
-      port: { type: 'string', default: '8000' },
-      host: { type: 'string', default: '127.0.0.1' },
-      model: { type: 'string' },
-      'ttft-ms': { type: 'string' },
-      'tpot-ms': { type: 'string' },
-      'context-window': { type: 'string' },
-      'max-running': { type: 'string' },
-      'kv-cache-tokens': { type: 'string' },
-      register: { type: 'string' },
-      token: { type: 'string' },
-      tier: { type: 'string', default: 'cpu' },
-      'advertise-url': { type: 'string' },
-      capacity: { type: 'string' },
-      'scheduling-policy': { type: 'string', default: 'fcfs' },
-      'prefill-concurrency': { type: 'string' },
-      'drain-ms': { type: 'string' },
-    },
-    strict: true,
-  });
+  let parsed;
+  try {
+    parsed = parseWorkerArgs(argv);
+  } catch (err) {
+    process.stderr.write(`switchyard worker: ${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  const { values } = parsed;
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
   let drainMs: number;
   try {
     drainMs = num(
@@ -197,6 +212,10 @@ export async function worker(argv: string[]): Promise<number> {
     const { buildDemoModel, DEMO_MODEL_FILE, DEMO_MODEL_NAME, startLlamaWorker } =
       await import('../workers/llama/index.js');
     let modelPath = values.model;
+    if (modelPath !== undefined && !existsSync(modelPath)) {
+      process.stderr.write(`switchyard worker: --model: no GGUF file at ${resolve(modelPath)}\n`);
+      return 2;
+    }
     let modelName: string | undefined;
     if (!modelPath) {
       // No GGUF given: serve the demo model the project builds from its own corpus.
@@ -247,4 +266,31 @@ export async function worker(argv: string[]): Promise<number> {
   });
   process.stdout.write(`switchyard worker (sim) serving ${w.url}\n`);
   return serve(w, values.model ?? 'switchyard-sim');
+}
+
+function parseWorkerArgs(argv: string[]) {
+  return parseArgs({
+    args: argv,
+    options: {
+      engine: { type: 'string', default: 'sim' },
+      port: { type: 'string', default: '8000' },
+      host: { type: 'string', default: '127.0.0.1' },
+      model: { type: 'string' },
+      'ttft-ms': { type: 'string' },
+      'tpot-ms': { type: 'string' },
+      'context-window': { type: 'string' },
+      'max-running': { type: 'string' },
+      'kv-cache-tokens': { type: 'string' },
+      register: { type: 'string' },
+      token: { type: 'string' },
+      tier: { type: 'string', default: 'cpu' },
+      'advertise-url': { type: 'string' },
+      capacity: { type: 'string' },
+      'scheduling-policy': { type: 'string', default: 'fcfs' },
+      'prefill-concurrency': { type: 'string' },
+      'drain-ms': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
 }
