@@ -127,7 +127,13 @@ function quotaRule(keyId: string, requests: number, windowSeconds: number): Rule
   return { kind: 'window', key: `quota:${keyId}`, limit: requests, windowMs: windowSeconds * 1000 };
 }
 
+/** After a limiter failure, requests fail open or closed at once for this long. */
+const LIMITER_BACKOFF_MS = 1000;
+
 export class Limits {
+  /** Until when the limiter is not asked (it just failed); epoch ms on the clock. */
+  private downUntil = 0;
+
   constructor(
     private readonly backend: LimiterBackend,
     private readonly clock: Clock,
@@ -138,6 +144,10 @@ export class Limits {
 
   private async acquire(rules: Rule[], scope: string): Promise<Decision[] | null> {
     try {
+      // Just failed: fail the same way at once for a moment instead of making every
+      // request wait out another timeout while the limiter is unreachable.
+      if (this.clock.now() < this.downUntil)
+        throw new Error('rate limiter unavailable (backing off)');
       const ds = await this.backend.acquire(rules, this.clock.now());
       this.metrics?.limiterDecisions.inc({
         scope,
@@ -146,11 +156,15 @@ export class Limits {
       return ds;
     } catch (err) {
       if (err instanceof RangeError) throw err;
+      const now = this.clock.now();
+      const fresh = now >= this.downUntil;
+      if (fresh) this.downUntil = now + LIMITER_BACKOFF_MS;
       this.metrics?.limiterDecisions.inc({ scope, outcome: 'error' });
-      this.logger.warn(
-        { err, failClosed: this.failClosed },
-        'rate limiter unavailable; failing ' + (this.failClosed ? 'closed' : 'open'),
-      );
+      if (fresh)
+        this.logger.warn(
+          { err, failClosed: this.failClosed },
+          'rate limiter unavailable; failing ' + (this.failClosed ? 'closed' : 'open'),
+        );
       if (this.failClosed) {
         throw new ServiceError('unavailable', {
           message: 'Rate limiting is temporarily unavailable.',

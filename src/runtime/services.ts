@@ -138,6 +138,7 @@ export async function createServices(
           logger: deps.logger,
           name: 'commands',
           offlineQueue: false,
+          commandTimeoutMs: redisLib.REDIS_COMMAND_TIMEOUT_MS,
         })
       : null;
   if (redis && redisLib && !(await redisLib.redisReady(redis, 3000))) {

@@ -10,15 +10,32 @@
 import { Redis } from 'ioredis';
 import type { Logger } from '../runtime/logger.js';
 
+/**
+ * A command that gets no answer in this long fails. Without a bound, a partition
+ * that drops packets without resetting the connection (no RST) held every request
+ * that asked the limiter for as long as it lasted (30 s in a test); the kernel's
+ * keepalive, every 10 s, then finds the dead connection and ioredis reconnects.
+ */
+export const REDIS_COMMAND_TIMEOUT_MS = 500;
+
 export function connectRedis(
   url: string,
-  opts: { lazy?: boolean; offlineQueue?: boolean; logger?: Logger; name?: string } = {},
+  opts: {
+    lazy?: boolean;
+    offlineQueue?: boolean;
+    logger?: Logger;
+    name?: string;
+    /** Commands only (the pub/sub connection waits for messages, not answers). */
+    commandTimeoutMs?: number;
+  } = {},
 ): Redis {
   const r = new Redis(url, {
     lazyConnect: opts.lazy ?? false,
     maxRetriesPerRequest: 1,
     enableOfflineQueue: opts.offlineQueue ?? true,
     connectTimeout: 2000,
+    keepAlive: 10_000,
+    ...(opts.commandTimeoutMs ? { commandTimeout: opts.commandTimeoutMs } : {}),
     // Reconnect quickly at first, then at most every 2 s.
     retryStrategy: (times) => Math.min(times * 100, 2000),
   });
