@@ -9,7 +9,8 @@ import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from './logger.js';
 
-export type InvalidationKind = 'key' | 'endpoint' | 'workers' | 'project';
+const KINDS = ['key', 'endpoint', 'workers', 'project'] as const;
+export type InvalidationKind = (typeof KINDS)[number];
 
 export interface Invalidation {
   kind: InvalidationKind;
@@ -75,11 +76,11 @@ export class InvalidationBus {
       return;
     }
     if (m.origin === this.origin) return;
-    if (
-      (m.kind === 'key' || m.kind === 'endpoint' || m.kind === 'workers') &&
-      typeof m.id === 'string'
-    ) {
-      this.dispatch({ kind: m.kind, id: m.id });
+    // Every kind a publisher sends (the list is the type's): a kind left out here was
+    // dropped on the other instances, and a project's credit or billing status
+    // changed there only when their 1 s cache expired.
+    if (KINDS.includes(m.kind as InvalidationKind) && typeof m.id === 'string') {
+      this.dispatch({ kind: m.kind as InvalidationKind, id: m.id });
     }
   }
 

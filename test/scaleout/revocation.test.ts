@@ -1,10 +1,12 @@
 /**
  * Two router instances sharing PostgreSQL and Redis: a key revoked or rotated
  * out through one instance is refused by the other within 1 second, although
- * the other had it cached with a long cache TTL (only pub/sub can explain it).
+ * the other had it cached with a long cache TTL (only pub/sub can explain it);
+ * so is a project's billing status or credit changed through the operator API.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { startSimWorker } from '../../src/workers/sim/index.js';
 import {
   freshDatabase,
   seedProject,
@@ -52,6 +54,66 @@ describe(
         await new Promise((res) => setTimeout(res, 20));
       }
     }
+
+    it("a project's billing status and credit changed through one instance hold on the other at once", async () => {
+      const w = await startSimWorker({ model: 'bill-model' });
+      try {
+        const must = async (r: Promise<{ status: number; text: string }>) => {
+          const res = await r;
+          assert.ok(res.status < 300, res.text);
+        };
+        await must(
+          a.admin('POST', '/models', {
+            name: 'bill-model',
+            context_window: 4096,
+            prompt_price_cents_per_mtok: 100_000,
+            completion_price_cents_per_mtok: 100_000,
+          }),
+        );
+        await must(a.admin('POST', '/workers', { model: 'bill-model', tier: 'gpu', url: w.url }));
+        const proj = await a.admin('POST', '/projects', {
+          slug: 'bill',
+          name: 'Bill',
+          credit_cents: 1000,
+        });
+        await must(
+          a.admin('POST', '/projects/bill/endpoints', {
+            slug: 'chat',
+            name: 'Chat',
+            model: 'bill-model',
+            tier: 'gpu',
+          }),
+        );
+        const key = String((await a.admin('POST', '/projects/bill/keys', {})).body.key);
+        const chat = async () => {
+          const r = await b.call('POST', `/${String(proj.body.id)}/chat/v1/chat/completions`, {
+            key,
+            body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+          });
+          return { status: r.status, code: (r.body.error as { code?: string } | undefined)?.code };
+        };
+        // b has the balance cached now (its clock does not move: only pub/sub can change it).
+        assert.equal((await chat()).status, 200);
+        const within = async (want: number, what: string) => {
+          for (const start = Date.now(); ;) {
+            const r = await chat();
+            if (r.status === want) return r;
+            if (Date.now() - start > 1000) assert.fail(`${what}: still ${r.status} after 1 s`);
+            await new Promise((res) => setTimeout(res, 20));
+          }
+        };
+        await must(a.admin('PATCH', '/projects/bill', { billing_status: 'delinquent' }));
+        assert.equal((await within(402, 'delinquent')).code, 'billing_delinquent');
+        await must(
+          a.admin('PATCH', '/projects/bill', { billing_status: 'active', credit_cents: 0 }),
+        );
+        assert.equal((await within(402, 'no credit')).code, 'insufficient_quota');
+        await must(a.admin('PATCH', '/projects/bill', { add_credit_cents: 500 }));
+        await within(200, 'credit added');
+      } finally {
+        await w.close();
+      }
+    });
 
     it('a revoked key is refused by the other instance within 1 s', async () => {
       const p = await seedProject(a, { slug: 'multi', scopes: ['inference', 'management'] });
