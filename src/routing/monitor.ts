@@ -10,7 +10,9 @@
  * 2. Health: `failedChecks` consecutive failed checks mark a worker
  *    `unhealthy` (no longer a candidate); one good check re-admits it.
  *    Self-registered workers are also `unhealthy` after `missedHeartbeats`
- *    heartbeat intervals without one, and removed after `expireMs`.
+ *    heartbeat intervals without one, and removed after `expireMs`; after the
+ *    database was unreachable (heartbeats could not be recorded) they count from
+ *    its return.
  * 3. Provisioning: every endpoint's status, `provisioning_state` and
  *    `provisioned_worker_id` follow its (model, tier) pool
  *    (endpoints/repository.ts `provisioningFor`).
@@ -66,6 +68,11 @@ export class WorkerMonitor {
   private stopped = true;
   private readonly checkFailures = new Map<string, number>();
   private known: WorkerRecord[] = [];
+  /**
+   * When the registry could be read again after it could not (or since the first
+   * pass); null while it cannot. Heartbeat ages count from no earlier than this.
+   */
+  private databaseBackAt: number | null = null;
 
   constructor(
     private readonly d: {
@@ -139,8 +146,12 @@ export class WorkerMonitor {
       list = await registry.list();
     } catch (err) {
       logger.warn({ err }, 'worker monitor: cannot list workers');
+      this.databaseBackAt = null;
       return;
     }
+    // Back after an outage: heartbeats could not be written meanwhile, so the return
+    // counts as every worker's last heartbeat (they get a full window to send one).
+    this.databaseBackAt ??= this.d.clock.now();
     const outcomes = await Promise.all(list.map((w) => this.check(w)));
     let changed = false;
     const now = this.d.clock.now();
@@ -204,7 +215,11 @@ export class WorkerMonitor {
 
     let heartbeatOk = true;
     if (w.source === 'registered') {
-      const age = now - (w.lastHeartbeatAt?.getTime() ?? w.createdAt.getTime());
+      const last = Math.max(
+        w.lastHeartbeatAt?.getTime() ?? w.createdAt.getTime(),
+        this.databaseBackAt ?? 0,
+      );
+      const age = now - last;
       if (age > settings.expireMs) {
         if (await registry.remove(w.id)) {
           this.forget(w.id);

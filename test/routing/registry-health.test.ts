@@ -160,6 +160,31 @@ describe('worker registry and health', () => {
     assert.equal((await chat('reg')).status, 200);
   });
 
+  it('after the database was unreachable, heartbeat ages count from its return', async () => {
+    const status = async () =>
+      ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
+        (x) => x.id === id,
+      )?.status;
+    // The registry cannot be read (nor heartbeats written) for four heartbeat periods.
+    const registry = s.services.workers;
+    const list = registry.list.bind(registry);
+    registry.list = () => Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:5432'));
+    try {
+      await pass(4 * HEARTBEAT_MS);
+    } finally {
+      registry.list = list;
+    }
+    // Back: the worker is not unhealthy for heartbeats nobody could record.
+    await pass(SCRAPE_MS);
+    assert.equal(await status(), 'healthy');
+    assert.equal((await chat('reg')).status, 200);
+    // It must still send them: silent for three periods after the return, unhealthy.
+    await pass(3 * HEARTBEAT_MS + SCRAPE_MS);
+    assert.equal(await status(), 'unhealthy');
+    const hb = await worker('POST', `/workers/${id}/heartbeat`);
+    assert.equal(hb.body.status, 'healthy');
+  });
+
   it('silent past the expiry it is removed; its heartbeat gets 404; it registers again', async () => {
     await pass(60_000 + SCRAPE_MS);
     const w = (await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>;
