@@ -67,6 +67,7 @@ import {
   workerJson,
 } from './admission.js';
 import {
+  estimatedUsage,
   normalizeCompletion,
   StreamAccumulator,
   upstreamErrorMessage,
@@ -285,6 +286,7 @@ export class ChatCompletions {
       lease,
       waitedMs: d.clock.now() - startedAt,
       tried: new Set([worker.id]),
+      sent: false,
     };
     try {
       if (req.xExec && d.exec) await this.bridge(run, d.exec);
@@ -358,6 +360,7 @@ export class ChatCompletions {
       let res: UpstreamResponse;
       try {
         const priority = run.lease.priority;
+        run.sent = true;
         res = await d.upstream.post(
           run.worker.url,
           '/chat/completions',
@@ -442,6 +445,12 @@ export class ChatCompletions {
     } finally {
       deadline.clear();
       reply.raw.off('close', onClose);
+      // Ended by the client or the deadline after a worker had the request: the
+      // tokens it generated are unknown (it never answered), its prompt was read, so
+      // that is billed, as a stream's prompt is (a non-streaming request was free).
+      if (usage === null && (outcome === 'cancelled' || outcome === 'timeout') && run.sent) {
+        usage = estimatedUsage(run.ctx.promptTokensEstimate ?? 0, 0);
+      }
       this.record(run, outcome, usage, null, false);
     }
   }
@@ -753,6 +762,8 @@ interface Run {
   lease: Lease;
   /** Time from the start of the request to its dispatch (the router's queue, mostly). */
   waitedMs: number;
+  /** The request went to a worker (at least once). */
+  sent: boolean;
 }
 
 /** How many workers one request may try before giving up (failover before the first byte). */

@@ -140,6 +140,10 @@ describe('client disconnects', () => {
     }
     const statuses = await usageStatuses(f);
     assert.deepEqual(statuses, ['cancelled', 'cancelled']);
+    // The worker had read the prompt: it is billed in both modes (the non-streaming
+    // one was recorded with 0 tokens, free however long it had run).
+    const rows = await f.server.services.store.db.select().from(tables.usageRecords);
+    for (const r of rows) assert.ok(r.promptTokens > 0, `stream ${r.stream}: ${r.promptTokens}`);
   });
 });
 
