@@ -191,11 +191,15 @@ export class BudgetAlerts {
         .select({ micro: sql<string>`coalesce(sum(${U.costMicrocents}), 0)` })
         .from(U)
         .where(and(eq(U.projectId, projectId), gte(U.createdAt, monthStart(nowMs))));
-      const spentCents = Math.floor(Number(spend?.micro ?? 0) / MICROCENTS_PER_CENT);
+      // Crossings are judged on the exact spend (micro-cents), not on whole cents: a
+      // small budget would otherwise cross late and report a rounded percentage.
+      // `currentSpendCents` is an integer (spec), whole cents spent.
+      const spentMicro = Number(spend?.micro ?? 0);
+      const spentCents = Math.floor(spentMicro / MICROCENTS_PER_CENT);
       const [project] = await tx.select({ name: P.name }).from(P).where(eq(P.id, projectId));
       let n = 0;
       for (const a of alerts) {
-        const pct = (spentCents / a.budgetAmountCents) * 100;
+        const pct = (spentMicro / (a.budgetAmountCents * MICROCENTS_PER_CENT)) * 100;
         const done = new Set(a.fired[month] ?? []);
         const crossed = a.thresholds.filter((t) => pct >= t && !done.has(t));
         for (const threshold of crossed) {

@@ -70,7 +70,9 @@ describe('budget alerts', () => {
     assert.ok(cents >= 1, `spent ${cents} cents`);
     await f.server.services.usage.flush();
     await f.server.services.dispatcher.tick();
-    const expected = [50, 100].filter((t) => (cents / 2) * 100 >= t);
+    // Crossings and the percentage come from the exact spend, not whole cents.
+    const exact = (r.usage!.total_tokens * 100_000) / 1_000_000;
+    const expected = [50, 100].filter((t) => (exact / 2) * 100 >= t);
     assert.equal(sent.length, expected.length);
     for (const [i, s] of sent.entries()) {
       const body = JSON.parse(s.body) as Record<string, unknown>;
@@ -90,6 +92,7 @@ describe('budget alerts', () => {
       assert.equal(body.alertId, alert.body.id);
       assert.equal(body.threshold, expected[i]);
       assert.equal(body.currentSpendCents, cents);
+      assert.equal(body.spendPercentage, Math.round((exact / 2) * 100 * 100) / 100);
       assert.equal(body.budgetAmountCents, 2);
       assert.match(String(body.projectId), /^[0-9a-f-]{36}$/);
       assert.match(String(body.timestamp), /^\d{4}-\d\d-\d\dT/);
