@@ -19,9 +19,9 @@
  * request's `priority`, lower first, as vLLM's flag of the same name; registered
  * with it, the worker gets a `priority` from the router (routing/prefill-order.ts).
  */
+import { existsSync } from 'node:fs';
 import type { Server } from 'node:http';
 import { join, resolve } from 'node:path';
-import { existsSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { systemClock } from '../runtime/clock.js';
 import { InFlight, waitForDrain } from '../workers/drain.js';
