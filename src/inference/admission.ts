@@ -16,7 +16,7 @@
  */
 import type { FastifyReply } from 'fastify';
 import type { IncomingHttpHeaders } from 'node:http';
-import { ServiceError } from '../errors/index.js';
+import { ServiceError, type ErrorCode } from '../errors/index.js';
 import { tooManyRequests } from '../http/limits.js';
 import type { AdmitFailure, Lease, RouteHints, WorkerPool } from '../routing/pool.js';
 import type { WorkerRecord } from '../routing/registry.js';
@@ -81,10 +81,30 @@ export function workerJson(text: string): unknown {
   }
 }
 
+/**
+ * A worker's 400 codes that mean the same for the client as they do in the router's
+ * own table (the `llama` engine answers a request its model cannot serve with
+ * `model_capability_missing`, bad values with `invalid_value`, naming the field):
+ * passed on with the worker's `param`. Anything else is `upstream_rejected`.
+ */
+const WORKER_CODES = new Set<string>([
+  'model_capability_missing',
+  'invalid_value',
+  'invalid_type',
+  'unsupported_value',
+]);
+
 export function upstreamFailure(status: number, text: string): ServiceError {
   let message: string | null = null;
+  let code: string | null = null;
+  let param: string | null = null;
   try {
     const body: unknown = JSON.parse(text);
+    const e = (body as { error?: { code?: unknown; param?: unknown } } | null)?.error;
+    if (e && typeof e === 'object') {
+      if (typeof e.code === 'string') code = e.code;
+      if (typeof e.param === 'string' && e.param.length <= 200) param = e.param;
+    }
     // OpenAI's `{error: {message}}`, or vLLM's older top-level `{object: "error", message}`.
     message = upstreamErrorMessage(body);
     const top = body as { object?: unknown; message?: unknown } | null;
@@ -95,9 +115,11 @@ export function upstreamFailure(status: number, text: string): ServiceError {
     message = null;
   }
   if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
-    return new ServiceError('upstream_rejected', {
-      message: message ?? `The inference worker rejected the request (HTTP ${status}).`,
-    });
+    const text = message ?? `The inference worker rejected the request (HTTP ${status}).`;
+    if (status === 400 && code !== null && WORKER_CODES.has(code)) {
+      return new ServiceError(code as ErrorCode, { message: text, param });
+    }
+    return new ServiceError('upstream_rejected', { message: text, param });
   }
   return new ServiceError('upstream_error', {
     message: `The inference worker failed (HTTP ${status}).`,

@@ -28,6 +28,12 @@ async function recordingWorker() {
       }
       const body = JSON.parse(raw) as Record<string, unknown>;
       bodies.push(body);
+      // A test's unknown field, forwarded: answer 400 with that error object.
+      if (body.fail_with) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: body.fail_with }));
+        return;
+      }
       const base = { id: 'w-1', created: 0, model: 'rm' };
       const usage = { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 };
       if (body.stream !== true) {
@@ -202,5 +208,32 @@ describe('the body a worker receives', () => {
     const body = (await res.json()) as { id: string };
     assert.match(body.id, /^chatcmpl-[0-9a-f]{32}$/);
     assert.equal(res.headers.get('x-request-id'), body.id);
+  });
+
+  it("a worker's 400: its code and param when they mean the same to the client, else upstream_rejected", async () => {
+    const cases: Array<[Record<string, unknown>, string, string | null]> = [
+      [
+        { message: 'no images', code: 'model_capability_missing', param: 'messages[0].content[0]' },
+        'model_capability_missing',
+        'messages[0].content[0]',
+      ],
+      [
+        { message: 'bad bias', code: 'invalid_value', param: 'logit_bias.99999' },
+        'invalid_value',
+        'logit_bias.99999',
+      ],
+      [{ message: 'odd', code: 'internal_thing', param: 'x' }, 'upstream_rejected', 'x'],
+      [{ message: 'plain' }, 'upstream_rejected', null],
+    ];
+    for (const [error, code, param] of cases) {
+      const r = await send({ fail_with: error });
+      assert.equal(r.status, 400, r.text);
+      const e = (
+        JSON.parse(r.text) as { error: { code: string; param: string | null; message: string } }
+      ).error;
+      assert.equal(e.code, code);
+      assert.equal(e.param, param);
+      assert.equal(e.message, error.message);
+    }
   });
 });
