@@ -1136,7 +1136,10 @@ export class LlamaEngine {
     });
     // Arguments as the model wrote them (streamed or not, the same text): node-llama-cpp's
     // params chunks, minus the whitespace its JSON grammar lets a call end with.
-    const calls = new Map<number, { id: string; text: string; pendingSpace: string }>();
+    const calls = new Map<
+      number,
+      { id: string; name: string; text: string; pendingSpace: string }
+    >();
     const penalize = plan.frequencyPenalty !== 0 || plan.presencePenalty !== 0;
     let firstTokenAt = 0;
     let reasoning = 0;
@@ -1177,7 +1180,7 @@ export class LlamaEngine {
         onFunctionCallParamsChunk: (c) => {
           let call = calls.get(c.callIndex);
           if (!call) {
-            call = { id: callId(), text: '', pendingSpace: '' };
+            call = { id: callId(), name: c.functionName, text: '', pendingSpace: '' };
             calls.set(c.callIndex, call);
             run.onEvent?.({
               type: 'tool_call',
@@ -1202,14 +1205,21 @@ export class LlamaEngine {
           });
         },
       });
-      const toolCalls: WireToolCall[] = (res.functionCalls ?? []).map((c, i) => {
+      // Every call the model began, as the stream sent them: the complete ones
+      // (`functionCalls`) and one cut off by max_tokens, whose arguments are the JSON
+      // written so far (OpenAI returns a truncated call the same way, with
+      // finish_reason `length`). Streamed and not, the same calls.
+      const done = res.functionCalls ?? [];
+      const indexes = [...new Set([...calls.keys(), ...done.keys()])].sort((a, b) => a - b);
+      const toolCalls: WireToolCall[] = indexes.map((i) => {
         const raw = calls.get(i);
+        const c = done[i];
         return {
           id: raw?.id ?? callId(),
           type: 'function',
           function: {
-            name: c.functionName,
-            arguments: raw && raw.text !== '' ? raw.text : JSON.stringify(c.params ?? {}),
+            name: c?.functionName ?? raw!.name,
+            arguments: raw && raw.text !== '' ? raw.text : c ? JSON.stringify(c.params ?? {}) : '',
           },
         };
       });
@@ -1220,11 +1230,12 @@ export class LlamaEngine {
       this.totals.predictedSeconds += (ended - promptEnd) / 1000;
       this.totals.predictedTokens += completionTokens;
       const after = seq.tokenPredictions;
+      // The token limit wins: a reply it cut off is `length`, tool calls or not.
       const finish: FinishReason =
-        toolCalls.length > 0
-          ? 'tool_calls'
-          : res.metadata.stopReason === 'maxTokens'
-            ? 'length'
+        res.metadata.stopReason === 'maxTokens'
+          ? 'length'
+          : toolCalls.length > 0
+            ? 'tool_calls'
             : 'stop';
       return {
         cached: Math.max(0, cached),

@@ -442,6 +442,54 @@ describe('llama worker: streamed tool calls', () => {
   });
 });
 
+describe('llama worker: a tool call cut off by max_tokens', () => {
+  it('is finish_reason length, with the same partial call streamed and not', async () => {
+    const body = {
+      model: MODEL,
+      messages: user('Switch it.'),
+      tools: [
+        {
+          type: 'function' as const,
+          function: {
+            name: 'toggle',
+            parameters: {
+              type: 'object',
+              properties: { on: { type: 'boolean' }, label: { type: 'string' } },
+              required: ['on', 'label'],
+            },
+          },
+        },
+      ],
+      tool_choice: 'required' as const,
+      parallel_tool_calls: false,
+      temperature: 0,
+      max_tokens: 8,
+    };
+    const whole = await client.chat.completions.create(body);
+    const choice = whole.choices[0]!;
+    assert.equal(choice.finish_reason, 'length');
+    const call = choice.message.tool_calls?.[0];
+    assert.ok(call && call.type === 'function', JSON.stringify(choice.message));
+    assert.equal(call.function.name, 'toggle');
+    assert.throws(() => JSON.parse(call.function.arguments), 'the arguments are cut off');
+
+    const stream = await client.chat.completions.create({ ...body, stream: true });
+    let args = '';
+    let name: string | undefined;
+    let finish: string | null | undefined;
+    for await (const c of stream) {
+      for (const d of c.choices[0]?.delta.tool_calls ?? []) {
+        name ??= d.function?.name;
+        args += d.function?.arguments ?? '';
+      }
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(finish, 'length');
+    assert.equal(name, 'toggle');
+    assert.equal(args, call.function.arguments, 'the same partial call');
+  });
+});
+
 describe('llama worker: errors, abort and endpoints', () => {
   it('answers a missing capability with a 400 naming the field', async () => {
     await expectError(
