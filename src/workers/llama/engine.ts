@@ -32,9 +32,9 @@
  *   response_format together with tools get a 400 saying so.
  * - `prediction`: each slot has a lookup token predictor fed with the predicted text:
  *   after each token it drafts the token that followed the longest match in the
- *   prediction, and llama.cpp validates the draft in the same batch as the next decode;
- *   node-llama-cpp's counters give the accepted (drafts used) and rejected (refuted or
- *   left unused) prediction tokens. Drafts are one token long because node-llama-cpp
+ *   prediction, and llama.cpp validates the draft in the same batch as the next decode.
+ *   The usage counts follow OpenAI's definition (`predictionCounts`: predicted tokens
+ *   that appear in the output, and the rest), not the draft counters. Drafts are one token long because node-llama-cpp
  *   3.22's `_speculativeEvaluate` never records a validated draft past the first (its
  *   `validatedTokens` list stays empty), so longer drafts are always refuted after
  *   their first token. One-token drafts still halve the decode steps of a well
@@ -398,6 +398,36 @@ export function toChatHistory(messages: readonly ChatMessage[]): ChatHistoryItem
     typeof lastPart === 'object' && lastPart !== null && lastPart.type === 'functionCall';
   if (!continuesAfterTools) items.push({ type: 'model', response: [] });
   return items;
+}
+
+/** How far ahead in the output a predicted token is looked for (see `predictionCounts`). */
+const PREDICTION_LOOKAHEAD = 64;
+
+/**
+ * The usage counts of a `prediction`, as OpenAI defines them: accepted = the
+ * predicted tokens that appear in the output, rejected = the others (still billed).
+ * Matched in order, each predicted token looked for up to 64 tokens past the last
+ * match (edits are local; this keeps it linear). The draft counters of the lookup
+ * decoding measure something else, how many drafts were used, which undercounts a
+ * prediction the output follows exactly (half of it, with one-token drafts).
+ */
+export function predictionCounts<T>(
+  predicted: readonly T[],
+  output: readonly T[],
+): { accepted: number; rejected: number } {
+  let at = 0;
+  let accepted = 0;
+  for (const t of predicted) {
+    const end = Math.min(output.length, at + PREDICTION_LOOKAHEAD);
+    for (let k = at; k < end; k++) {
+      if (output[k] === t) {
+        accepted++;
+        at = k + 1;
+        break;
+      }
+    }
+  }
+  return { accepted, rejected: predicted.length - accepted };
 }
 
 function callId(): string {
@@ -989,7 +1019,6 @@ export class LlamaEngine {
     const started = performance.now();
     const cached = await this.reusePrefix(slot, plan.promptTokens);
     slot.predictor.setPrediction(plan.predictionTokens ?? []);
-    const before = seq.tokenPredictions;
 
     const grammarState = plan.grammar
       ? new LlamaGrammarEvaluationState({ model: this.model, grammar: plan.grammar })
@@ -1095,12 +1124,12 @@ export class LlamaEngine {
     this.totals.predictedSeconds += (ended - promptEnd) / 1000;
     this.totals.predictedTokens += generated.length;
 
-    const after = seq.tokenPredictions;
+    const counts = predictionCounts(plan.predictionTokens ?? [], generated);
     return {
       cached,
       reasoning: 0,
-      accepted: Math.max(0, after.used - before.used),
-      rejected: Math.max(0, after.refuted - before.refuted + (after.unused - before.unused)),
+      accepted: counts.accepted,
+      rejected: counts.rejected,
       choice: {
         index,
         content: text.text,
@@ -1127,7 +1156,6 @@ export class LlamaEngine {
       plan.promptTokens.length - 1,
     );
     slot.predictor.setPrediction(plan.predictionTokens ?? []);
-    const before = seq.tokenPredictions;
     const meterBefore = seq.tokenMeter.usedOutputTokens;
     const chat = new LlamaChat({
       contextSequence: seq,
@@ -1229,7 +1257,10 @@ export class LlamaEngine {
       this.totals.promptSeconds += (promptEnd - started) / 1000;
       this.totals.predictedSeconds += (ended - promptEnd) / 1000;
       this.totals.predictedTokens += completionTokens;
-      const after = seq.tokenPredictions;
+      const counts = predictionCounts(
+        plan.predictionTokens ?? [],
+        plan.predictionTokens ? this.model.tokenize(res.response, false) : [],
+      );
       // The token limit wins: a reply it cut off is `length`, tool calls or not.
       const finish: FinishReason =
         res.metadata.stopReason === 'maxTokens'
@@ -1240,8 +1271,8 @@ export class LlamaEngine {
       return {
         cached: Math.max(0, cached),
         reasoning,
-        accepted: Math.max(0, after.used - before.used),
-        rejected: Math.max(0, after.refuted - before.refuted + (after.unused - before.unused)),
+        accepted: counts.accepted,
+        rejected: counts.rejected,
         choice: {
           index,
           content: toolCalls.length > 0 && res.response === '' ? null : res.response,

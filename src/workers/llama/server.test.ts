@@ -6,6 +6,7 @@ import { after, before, describe, it } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { buildDemoModel, loadDemoTable, type DemoModelTable } from './demo-model.js';
+import { predictionCounts } from './engine.js';
 import { startLlamaWorker, type LlamaWorker } from './server.js';
 
 const MODEL = 'switchyard-demo';
@@ -268,9 +269,35 @@ describe('llama worker: completions', () => {
       greedyReply(40),
       'speculation never changes the output',
     );
+    // OpenAI's counts: every predicted token appeared in the output.
     const d = r.usage?.completion_tokens_details;
-    assert.ok((d?.accepted_prediction_tokens ?? 0) > 10, JSON.stringify(d));
-    assert.equal(typeof d?.rejected_prediction_tokens, 'number');
+    assert.equal(d?.accepted_prediction_tokens, r.usage?.completion_tokens, JSON.stringify(d));
+    assert.equal(d?.rejected_prediction_tokens, 0);
+    // A prediction with junk after the output: the junk is rejected, token for token.
+    const junk = ' zq'.repeat(30);
+    const j = await client.chat.completions.create({
+      model: MODEL,
+      messages: user('Tell me about the river.'),
+      max_tokens: 40,
+      temperature: 0,
+      prediction: { type: 'content', content: greedyReply(40) + junk },
+    });
+    const jd = j.usage?.completion_tokens_details;
+    assert.equal(jd?.accepted_prediction_tokens, j.usage?.completion_tokens);
+    assert.ok((jd?.rejected_prediction_tokens ?? 0) >= 60, JSON.stringify(jd));
+  });
+});
+
+describe('predictionCounts', () => {
+  it('counts predicted tokens found in order in the output, and the rest', () => {
+    assert.deepEqual(predictionCounts([1, 2, 3], [1, 2, 3]), { accepted: 3, rejected: 0 });
+    assert.deepEqual(predictionCounts([1, 9, 2, 3], [1, 2, 3]), { accepted: 3, rejected: 1 });
+    assert.deepEqual(predictionCounts([1, 2, 3], [1, 7, 7, 2, 3]), { accepted: 3, rejected: 0 });
+    assert.deepEqual(predictionCounts([3, 2, 1], [1, 2, 3]), { accepted: 1, rejected: 2 });
+    assert.deepEqual(predictionCounts([], [1]), { accepted: 0, rejected: 0 });
+    // Beyond the 64-token lookahead a match is not looked for.
+    const far = [...Array.from({ length: 100 }, () => 0), 5];
+    assert.deepEqual(predictionCounts([5], far), { accepted: 0, rejected: 1 });
   });
 });
 
