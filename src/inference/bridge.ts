@@ -431,7 +431,6 @@ export class ToolBridge {
       ...(r.reply.getHeaders() as Record<string, string>),
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache',
-      connection: 'keep-alive',
       'x-accel-buffering': 'no',
       'x-request-id': r.ctx.id,
       ...lower(r.responseHeaders()),

@@ -791,14 +791,17 @@ function remainingMs(run: Run, clock: Clock): number {
   return Math.max(0, run.deadlineAt - clock.now());
 }
 
-/** Takes the response over from Fastify and opens the SSE stream (status 200). */
+/**
+ * Takes the response over from Fastify and opens the SSE stream (status 200). No
+ * `Connection` header of ours: Node's server answers the client's (keep-alive, or
+ * close for `Connection: close` and HTTP/1.0, closing the socket after the stream).
+ */
 function openSse(reply: FastifyReply, requestId: string, headers: Record<string, string>): void {
   reply.hijack();
   reply.raw.writeHead(200, {
     ...(reply.getHeaders() as Record<string, string>),
     'content-type': 'text/event-stream; charset=utf-8',
     'cache-control': 'no-cache',
-    connection: 'keep-alive',
     'x-accel-buffering': 'no',
     'x-request-id': requestId,
     ...headers,

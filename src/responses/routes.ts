@@ -278,7 +278,6 @@ class ResponsesApi {
       ...(reply.getHeaders() as Record<string, string>),
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache',
-      connection: 'keep-alive',
       'x-accel-buffering': 'no',
       'x-request-id': reply.request.id,
     };

@@ -10,6 +10,7 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import http from 'node:http';
+import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { startTestServer, type TestServer } from '../support/harness.js';
@@ -235,5 +236,37 @@ describe('the body a worker receives', () => {
       assert.equal(e.param, param);
       assert.equal(e.message, error.message);
     }
+  });
+
+  it('a streaming client that sends Connection: close gets it, and the socket closes after [DONE]', async () => {
+    const u = new URL(url);
+    const body = JSON.stringify({
+      model: 'x',
+      messages: [{ role: 'user', content: 'hi' }],
+      stream: true,
+    });
+    const socket = net.connect(Number(u.port), u.hostname);
+    let raw = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (d: string) => (raw += d));
+    const closed = once(socket, 'close');
+    socket.write(
+      `POST ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${key}\r\n` +
+        `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+        `Connection: close\r\n\r\n${body}`,
+    );
+    let bound: NodeJS.Timeout | undefined;
+    const outcome = await Promise.race([
+      closed.then(() => 'closed'),
+      new Promise((r) => (bound = setTimeout(r, 10_000, 'still open'))),
+    ]);
+    clearTimeout(bound);
+    socket.destroy();
+    assert.equal(outcome, 'closed', 'the server closes the connection after the stream');
+    const head = raw.slice(0, raw.indexOf('\r\n\r\n')).toLowerCase();
+    assert.match(head, /^http\/1\.1 200/);
+    assert.match(head, /\r\nconnection: close/);
+    assert.doesNotMatch(head, /keep-alive/);
+    assert.ok(raw.includes('data: [DONE]'));
   });
 });
