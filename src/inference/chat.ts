@@ -571,7 +571,12 @@ export class ChatCompletions {
               if (!committed) held.push(sseData(out));
               else batch += sseData(out);
             }
-            if (batch !== '' && !write(raw, batch)) await drained(raw, abort.signal);
+            if (batch !== '' && !write(raw, batch)) {
+              await drained(raw, abort.signal);
+              // Waiting for a slow client is not the worker being idle (the router stops
+              // reading from the worker meanwhile): the idle gap restarts once it drained.
+              deadline.touch();
+            }
             if (upstreamError !== null) break;
           }
         } catch (err) {
