@@ -68,12 +68,13 @@ export function execRoutes(s: Services): FastifyPluginAsync {
     app.post<{ Params: P }>(`${base}/agents/:id/rotate_key`, management, async (r) =>
       m.rotateKey(pid(r), r.params.id, r.body),
     );
-    // Execution: the project's MCP server (Streamable HTTP, stateless).
-    mountMcp(app, s.verifier, x, s.limits);
-
-    // `/<project_id>/v1/exec/…`, in a scope of its own for the surface's body rules.
+    // `/<project_id>/v1/exec/…` and the MCP server, in a scope of their own for the
+    // execution surface's body rules.
     await app.register(async (app) => {
       execBodies(app);
+      // The project's MCP server (Streamable HTTP, stateless): a body that is not JSON
+      // is `invalid_body` here too, as on the rest of the execution surface.
+      mountMcp(app, s.verifier, x, s.limits);
 
       app.get(`${ex}/broker`, { preHandler: brokerScope(s.verifier, s.limits) }, async () => {
         const t = x.transport;

@@ -285,6 +285,19 @@ describe('MCP server (fake transport)', () => {
       assert.equal(r.headers.allow, 'POST');
     }
   });
+
+  it('a body that is not JSON is invalid_body, as on the rest of the execution surface', async () => {
+    const r = await http('POST', `${s.url}/${p.projectId}/v1/mcp`, {
+      auth: `Bearer ${p.exec}`,
+      rawBody: '{"jsonrpc":"2.0",',
+      headers: {
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+      },
+    });
+    assert.equal(r.status, 400, r.text);
+    assert.equal((r.body.error as Record<string, unknown>).code, 'invalid_body');
+  });
 });
 
 describe('MCP server in production', () => {
