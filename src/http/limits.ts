@@ -143,11 +143,10 @@ export class Limits {
   ) {}
 
   private async acquire(rules: Rule[], scope: string): Promise<Decision[] | null> {
+    // Just failed: fail the same way at once for a moment instead of making every
+    // request wait out another timeout while the limiter is unreachable.
+    if (this.clock.now() < this.downUntil) return this.unavailable(scope);
     try {
-      // Just failed: fail the same way at once for a moment instead of making every
-      // request wait out another timeout while the limiter is unreachable.
-      if (this.clock.now() < this.downUntil)
-        throw new Error('rate limiter unavailable (backing off)');
       const ds = await this.backend.acquire(rules, this.clock.now());
       this.metrics?.limiterDecisions.inc({
         scope,
@@ -156,23 +155,25 @@ export class Limits {
       return ds;
     } catch (err) {
       if (err instanceof RangeError) throw err;
-      const now = this.clock.now();
-      const fresh = now >= this.downUntil;
-      if (fresh) this.downUntil = now + LIMITER_BACKOFF_MS;
-      this.metrics?.limiterDecisions.inc({ scope, outcome: 'error' });
-      if (fresh)
-        this.logger.warn(
-          { err, failClosed: this.failClosed },
-          'rate limiter unavailable; failing ' + (this.failClosed ? 'closed' : 'open'),
-        );
-      if (this.failClosed) {
-        throw new ServiceError('unavailable', {
-          message: 'Rate limiting is temporarily unavailable.',
-          headers: { 'Retry-After': '1' },
-        });
-      }
-      return null;
+      this.downUntil = this.clock.now() + LIMITER_BACKOFF_MS;
+      this.logger.warn(
+        { err, failClosed: this.failClosed },
+        'rate limiter unavailable; failing ' + (this.failClosed ? 'closed' : 'open'),
+      );
+      return this.unavailable(scope);
     }
+  }
+
+  /** The limiter cannot answer: fail open (no decision) or closed (503), as configured. */
+  private unavailable(scope: string): null {
+    this.metrics?.limiterDecisions.inc({ scope, outcome: 'error' });
+    if (this.failClosed) {
+      throw new ServiceError('unavailable', {
+        message: 'Rate limiting is temporarily unavailable.',
+        headers: { 'Retry-After': '1' },
+      });
+    }
+    return null;
   }
 
   /** Admits an inference request or throws 429; returns the headers to send. */
