@@ -47,6 +47,29 @@ describe('HTTPS and production mode', () => {
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
   });
 
+  /** A second `serve` expected to refuse to start (quiet logs). */
+  const serveThatFails = (env: Record<string, string>) => {
+    const p = spawnSwitchyard(['serve'], {
+      LOG_LEVEL: 'fatal',
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_ADMIN_TOKEN: TOKEN,
+      ...env,
+    });
+    procs.push(p);
+    return p;
+  };
+
+  /** Its exit code; the 60 s bound only keeps a regression from hanging the suite. */
+  const exitCode = async (p: Spawned): Promise<number | null | string> => {
+    let bound: NodeJS.Timeout | undefined;
+    const code = await Promise.race([
+      once(p.child, 'exit').then(([c]) => c as number | null),
+      new Promise<string>((r) => (bound = setTimeout(r, 60_000, 'still running'))),
+    ]);
+    clearTimeout(bound);
+    return code;
+  };
+
   it('a port already taken: exits 1 saying so, instead of running without a listener', async () => {
     const dir = tmp();
     dirs.push(dir);
@@ -55,22 +78,8 @@ describe('HTTPS and production mode', () => {
     const port = new URL(url).port;
     const dir2 = tmp();
     dirs.push(dir2);
-    const second = spawnSwitchyard(['serve'], {
-      PORT: port,
-      LOG_LEVEL: 'fatal',
-      SWITCHYARD_DEMO: '0',
-      SWITCHYARD_ADMIN_TOKEN: TOKEN,
-      SWITCHYARD_DATA_DIR: dir2,
-    });
-    procs.push(second);
-    // A bound on the wait only: the process exits as soon as listen fails.
-    let bound: NodeJS.Timeout | undefined;
-    const code = await Promise.race([
-      once(second.child, 'exit').then(([c]) => c as number | null),
-      new Promise((r) => (bound = setTimeout(r, 60_000, 'still running'))),
-    ]);
-    clearTimeout(bound);
-    assert.equal(code, 1, `exit code (stderr: ${second.stderr()})`);
+    const second = serveThatFails({ PORT: port, SWITCHYARD_DATA_DIR: dir2 });
+    assert.equal(await exitCode(second), 1, `exit code (stderr: ${second.stderr()})`);
     assert.match(
       second.stderr(),
       new RegExp(`cannot listen on 127\\.0\\.0\\.1:${port}: .*EADDRINUSE`),
@@ -84,21 +93,8 @@ describe('HTTPS and production mode', () => {
     dirs.push(dir);
     const first = await start({ SWITCHYARD_DATA_DIR: dir });
     procs.push(first.p);
-    const second = spawnSwitchyard(['serve'], {
-      PORT: '0',
-      LOG_LEVEL: 'fatal',
-      SWITCHYARD_DEMO: '0',
-      SWITCHYARD_ADMIN_TOKEN: TOKEN,
-      SWITCHYARD_DATA_DIR: dir,
-    });
-    procs.push(second);
-    let bound: NodeJS.Timeout | undefined;
-    const code = await Promise.race([
-      once(second.child, 'exit').then(([c]) => c as number | null),
-      new Promise((r) => (bound = setTimeout(r, 60_000, 'still running'))),
-    ]);
-    clearTimeout(bound);
-    assert.equal(code, 1, second.stderr());
+    const second = serveThatFails({ PORT: '0', SWITCHYARD_DATA_DIR: dir });
+    assert.equal(await exitCode(second), 1, second.stderr());
     assert.match(second.stderr(), /is in use by another Switchyard process \(pid \d+\)/);
     assert.equal((await http('GET', `${first.url}/healthz`)).status, 200);
     // Stopped cleanly, the first one releases it; killed, its lock is taken over.
