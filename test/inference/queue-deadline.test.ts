@@ -17,15 +17,8 @@ import {
   until,
   usageStatuses,
   type InferenceFixture,
+  postChat,
 } from '../support/inference.js';
-
-function post(f: InferenceFixture, body: Record<string, unknown>) {
-  return fetch(`${f.baseURL}/chat/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
-  });
-}
 
 /** A pending response whose settling can be observed without awaiting it. */
 function watch(p: Promise<Response>) {
@@ -62,9 +55,9 @@ describe('the tier deadline and the router queue (free tier, 30 s)', () => {
 
   it('a request that waited 25 s in the queue gets only the 5 s left: 408 at 30 s', async () => {
     f = await fixture({ ttftMs: 25_000 });
-    const first = watch(post(f, { max_tokens: 3 }));
+    const first = watch(postChat(f, { max_tokens: 3 }));
     await until(() => f.worker.stats().received >= 1, 'the first request to reach the worker');
-    const second = watch(post(f, { max_tokens: 3 }));
+    const second = watch(postChat(f, { max_tokens: 3 }));
     await until(() => queued(f) === 1, 'the second request to queue');
 
     // The first answers at 25 s and hands its worker to the second.
@@ -92,11 +85,11 @@ describe('the tier deadline and the router queue (free tier, 30 s)', () => {
   it('a deadline that passes while queued: 408 (non-streaming) and the SSE timeout event (streaming), not 429', async () => {
     // The first request streams one token every 20 s: it keeps the only slot for minutes.
     f = await fixture({ ttftMs: 0, tpotMs: 20_000 });
-    const first = await post(f, { stream: true, max_tokens: 10 });
+    const first = await postChat(f, { stream: true, max_tokens: 10 });
     assert.equal(first.status, 200);
     void first.text().catch(() => undefined);
-    const plain = watch(post(f, { max_tokens: 3 }));
-    const streamed = watch(post(f, { stream: true, max_tokens: 3 }));
+    const plain = watch(postChat(f, { max_tokens: 3 }));
+    const streamed = watch(postChat(f, { stream: true, max_tokens: 3 }));
     await until(() => queued(f) === 2, 'both requests to queue');
 
     f.server.clock.advance(29_999);

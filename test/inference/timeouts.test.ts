@@ -13,16 +13,8 @@ import {
   until,
   usageStatuses,
   type InferenceFixture,
+  postChat,
 } from '../support/inference.js';
-
-function post(f: InferenceFixture, body: Record<string, unknown>, signal?: AbortSignal) {
-  return fetch(`${f.baseURL}/chat/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
-    signal,
-  });
-}
 
 /** Reads an SSE response incrementally into `text`. */
 function reader(res: Response) {
@@ -46,7 +38,7 @@ describe('timeouts on the free tier (deadline 30 s)', () => {
 
   it('non-streaming past the deadline: 408 timeout_error, upstream aborted', async () => {
     f = await inferenceFixture({ tier: 'free', simOnFakeClock: true, sim: { ttftMs: 40_000 } });
-    const pending = post(f, { max_tokens: 5 });
+    const pending = postChat(f, { max_tokens: 5 });
     await until(() => f.worker.stats().received >= 1, 'the worker to receive the request');
     f.server.clock.advance(29_999);
     await tick();
@@ -63,7 +55,7 @@ describe('timeouts on the free tier (deadline 30 s)', () => {
 
   it('streaming with no first token by the deadline: SSE error event, type timeout_error', async () => {
     f = await inferenceFixture({ tier: 'free', simOnFakeClock: true, sim: { ttftMs: 40_000 } });
-    const pending = post(f, { stream: true });
+    const pending = postChat(f, { stream: true });
     await until(() => f.worker.stats().received >= 1, 'the worker to receive the request');
     f.server.clock.advance(30_000);
     const res = await pending;
@@ -82,7 +74,7 @@ describe('idle timeouts on the cpu tier (deadline 300 s, idle 600 s)', () => {
   after(() => f?.close());
 
   async function startStream(body: Record<string, unknown>) {
-    const res = await post(f, { stream: true, max_tokens: 50, ...body });
+    const res = await postChat(f, { stream: true, max_tokens: 50, ...body });
     assert.equal(res.status, 200);
     const s = reader(res);
     // Deliver the first generated token (the sim's TTFT is 0 on the fake clock).
@@ -129,7 +121,7 @@ describe('client disconnects', () => {
     for (const stream of [false, true]) {
       const before = f.worker.stats().aborted;
       const ac = new AbortController();
-      const pending = post(f, { stream }, ac.signal).catch((e: unknown) => e);
+      const pending = postChat(f, { stream }, ac.signal).catch((e: unknown) => e);
       await until(
         () => f.worker.stats().running + f.worker.stats().waiting >= 1,
         'request running',
@@ -156,7 +148,7 @@ describe('a worker that dies mid-stream', () => {
       tier: 'cpu',
       sim: { failMode: { kind: 'die-after-tokens', tokens: 3 } },
     });
-    const res = await post(f, { stream: true, max_tokens: 40 });
+    const res = await postChat(f, { stream: true, max_tokens: 40 });
     const text = await res.text();
     const err = sseErrorEvent(text);
     assert.equal(err.code, 'cancelled');

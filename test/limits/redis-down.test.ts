@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { afterEach, describe, it } from 'node:test';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { inferenceFixture, postChat, type InferenceFixture } from '../support/inference.js';
 
 const DEAD_REDIS = 'redis://127.0.0.1:1';
 
@@ -13,16 +13,7 @@ describe('limits when Redis is unreachable', () => {
   let f: InferenceFixture;
   afterEach(() => f.close());
 
-  const ask = () =>
-    fetch(`${f.baseURL}/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'x',
-        messages: [{ role: 'user', content: 'hi' }],
-        max_tokens: 2,
-      }),
-    });
+  const ask = () => postChat(f, { max_tokens: 2 });
 
   it('fail open: requests are served, with a log line and a metric', async () => {
     f = await inferenceFixture({ env: { REDIS_URL: DEAD_REDIS } });

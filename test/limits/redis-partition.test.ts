@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { inferenceFixture, postChat, type InferenceFixture } from '../support/inference.js';
 
 const redisUrl = process.env.TEST_REDIS_URL;
 if (process.env.CI === 'true' && !redisUrl) throw new Error('CI=true needs TEST_REDIS_URL');
@@ -71,15 +71,7 @@ describe('limits when Redis is partitioned', { skip: redisUrl ? false : 'needs R
 
   const ask = async () => {
     const t0 = Date.now();
-    const r = await fetch(`${f.baseURL}/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'x',
-        messages: [{ role: 'user', content: 'hi' }],
-        max_tokens: 2,
-      }),
-    });
+    const r = await postChat(f, { max_tokens: 2 });
     await r.arrayBuffer();
     return {
       status: r.status,

@@ -104,6 +104,23 @@ export async function inferenceFixture(
   };
 }
 
+/**
+ * POSTs a chat completion to the fixture's endpoint with raw `fetch` (status, headers
+ * and body as sent): `{model: 'x', messages: [hi]}` plus `body`.
+ */
+export function postChat(
+  f: InferenceFixture,
+  body: Record<string, unknown> = {},
+  signal?: AbortSignal,
+): Promise<Response> {
+  return fetch(`${f.baseURL}/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
+    ...(signal ? { signal } : {}),
+  });
+}
+
 /** The `error` object of the SSE event named `error` in a stream's text. */
 export function sseErrorEvent(text: string): Record<string, unknown> {
   const m = text.match(/event: error\ndata: (.*)\n\n/);
