@@ -34,9 +34,15 @@ function noNul(s: string): string {
 
 function metadataWithoutNul(m: UsageRecord['metadata']): UsageRecord['metadata'] {
   if (m === null || m === undefined || typeof m !== 'object') return m;
+  // The clean case (nearly every record) allocates nothing.
+  const o = m as Record<string, unknown>;
   let dirty = false;
-  for (const [k, v] of Object.entries(m)) {
-    if (k.includes('\u0000') || (typeof v === 'string' && v.includes('\u0000'))) dirty = true;
+  for (const k in o) {
+    const v = o[k];
+    if (k.includes('\u0000') || (typeof v === 'string' && v.includes('\u0000'))) {
+      dirty = true;
+      break;
+    }
   }
   if (!dirty) return m;
   return Object.fromEntries(
