@@ -3,8 +3,8 @@
  * score (the shapes vLLM serves, which Cohere- and Jina-style clients also speak).
  *
  * Limits, as OpenAI's embeddings API sets them: `input` is a non-empty string, a
- * non-empty list of at most 2,048 non-empty strings, a list of token ids, or a list
- * of such lists; `encoding_format` is `float` or `base64`; `dimensions` a positive
+ * non-empty list of at most 2,048 non-empty strings, a list of token ids (one input,
+ * however long: the engine checks it against the context), or at most 2,048 such lists; `encoding_format` is `float` or `base64`; `dimensions` a positive
  * integer. Rerank: a non-empty `query`, 1–1,000 `documents` (strings, or objects
  * with a `text` string, as Cohere sends them), `top_n` ≥ 1, `return_documents`
  * boolean (default true: vLLM's and Jina's answer carries them). Score: `text_1` and
@@ -17,7 +17,7 @@
  */
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
-import { issueToError, parseField } from '../http/validate.js';
+import { parseField } from '../http/validate.js';
 
 export const MAX_EMBEDDING_INPUTS = 2048;
 export const MAX_RERANK_DOCUMENTS = 1000;
@@ -28,22 +28,11 @@ export const MAX_RERANK_DOCUMENTS = 1000;
  */
 export const ROUTER_ONLY_FIELDS = ['user', 'metadata', 'priority'] as const;
 
-const tokenIds = z.array(z.number().int().min(0)).min(1, 'must not be empty');
 const nonEmpty = z.string().min(1, 'must not be empty');
 
 const embeddingsSchema = z.looseObject({
-  input: z.union([
-    nonEmpty,
-    z
-      .array(nonEmpty)
-      .min(1, 'must not be empty')
-      .max(MAX_EMBEDDING_INPUTS, `must have at most ${MAX_EMBEDDING_INPUTS} items`),
-    tokenIds,
-    z
-      .array(tokenIds)
-      .min(1, 'must not be empty')
-      .max(MAX_EMBEDDING_INPUTS, `must have at most ${MAX_EMBEDDING_INPUTS} items`),
-  ]),
+  // Checked by `inputIssue` first (zod's union names no element and mixes up codes).
+  input: z.union([z.string(), z.array(z.unknown())]),
   model: z.string().optional(),
   encoding_format: z.enum(['float', 'base64']).nullish(),
   dimensions: z.number().int().min(1).nullish(),
@@ -60,30 +49,81 @@ export interface EmbeddingsRequest {
   user: string | null;
 }
 
-/** The union's issue names no element; find the first bad one so `param` can. */
+/** One token id: a wrong type and a wrong value read differently. */
+function tokenIssue(v: unknown, param: string): ServiceError | null {
+  if (typeof v !== 'number') return invalid('invalid_type', param, 'expected an integer token id');
+  if (!Number.isInteger(v) || v < 0) {
+    return invalid('invalid_value', param, 'expected a non-negative integer token id');
+  }
+  return null;
+}
+
+const INPUT_KINDS =
+  'a string, an array of strings, an array of token ids or an array of such arrays';
+
+/**
+ * `input` checked by hand, so that `param` names the first bad element and a wrong
+ * type is `invalid_type`, a bad value `invalid_value`. The 2,048 cap counts inputs:
+ * a flat list of token ids is one input, however long (OpenAI's limit on one input
+ * is the model's context, which the engine checks).
+ */
 function inputIssue(input: unknown): ServiceError | null {
-  if (!Array.isArray(input) || input.length === 0) return null;
-  const strings = typeof input[0] === 'string';
-  const lists = Array.isArray(input[0]);
+  if (input === undefined) return null; // zod: missing_required_parameter
+  if (typeof input === 'string') {
+    return input.length === 0 ? invalid('invalid_value', 'input', 'must not be empty') : null;
+  }
+  if (!Array.isArray(input)) return invalid('invalid_type', 'input', `expected ${INPUT_KINDS}`);
+  if (input.length === 0) return invalid('invalid_value', 'input', 'must not be empty');
+  const first: unknown = input[0];
+  if (typeof first === 'number') {
+    for (let i = 0; i < input.length; i++) {
+      const bad = tokenIssue(input[i], `input[${i}]`);
+      if (bad) return bad;
+    }
+    return null;
+  }
+  const strings = typeof first === 'string';
+  if (!strings && !Array.isArray(first)) {
+    return invalid(
+      'invalid_type',
+      'input[0]',
+      'expected a string, a token id or an array of token ids',
+    );
+  }
   for (let i = 0; i < input.length; i++) {
     const v: unknown = input[i];
     const param = `input[${i}]`;
     if (strings) {
       if (typeof v !== 'string') return invalid('invalid_type', param, 'expected a string');
       if (v.length === 0) return invalid('invalid_value', param, 'must not be empty');
-    } else if (lists) {
-      // With the input in each issue: a wrong element is not a missing one.
-      const r = tokenIds.safeParse(v, { reportInput: true });
-      if (!r.success) {
-        const issue = r.error.issues[0]!;
-        return issueToError({ ...issue, path: [`input`, i, ...issue.path] }, 'invalid_value');
-      }
-    } else if (!Number.isInteger(v) || (v as number) < 0) {
-      return invalid('invalid_value', param, 'expected a non-negative integer token id');
+      continue;
+    }
+    if (!Array.isArray(v)) return invalid('invalid_type', param, 'expected an array of token ids');
+    if (v.length === 0) return invalid('invalid_value', param, 'must not be empty');
+    for (let j = 0; j < v.length; j++) {
+      const bad = tokenIssue(v[j], `${param}[${j}]`);
+      if (bad) return bad;
     }
   }
   if (input.length > MAX_EMBEDDING_INPUTS) {
     return invalid('invalid_value', 'input', `must have at most ${MAX_EMBEDDING_INPUTS} items`);
+  }
+  return null;
+}
+
+/** `text_1` / `text_2` of score: a non-empty string or a non-empty list of them. */
+function textsIssue(v: unknown, name: string): ServiceError | null {
+  if (v === undefined) return null; // zod: missing_required_parameter
+  if (typeof v === 'string') {
+    return v.length === 0 ? invalid('invalid_value', name, 'must not be empty') : null;
+  }
+  if (!Array.isArray(v))
+    return invalid('invalid_type', name, 'expected a string or an array of strings');
+  if (v.length === 0) return invalid('invalid_value', name, 'must not be empty');
+  for (let i = 0; i < v.length; i++) {
+    const t: unknown = v[i];
+    if (typeof t !== 'string') return invalid('invalid_type', `${name}[${i}]`, 'expected a string');
+    if (t.length === 0) return invalid('invalid_value', `${name}[${i}]`, 'must not be empty');
   }
   return null;
 }
@@ -106,7 +146,7 @@ export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
   const raw = d.input;
   let inputs: EmbeddingInput[];
   if (typeof raw === 'string') inputs = [{ text: raw }];
-  else if (raw.length > 0 && typeof raw[0] === 'number') inputs = [{ ids: raw as number[] }];
+  else if (typeof raw[0] === 'number') inputs = [{ ids: raw as number[] }];
   else if (typeof raw[0] === 'string') inputs = (raw as string[]).map((text) => ({ text }));
   else inputs = (raw as number[][]).map((ids) => ({ ids }));
   return {
@@ -176,7 +216,8 @@ export function parseRerankRequest(body: unknown): RerankRequest {
   };
 }
 
-const texts = z.union([nonEmpty, z.array(nonEmpty).min(1, 'must not be empty')]);
+// Checked by `textsIssue` first; this only types the result.
+const texts = z.union([z.string(), z.array(z.string())]);
 
 const scoreSchema = z.looseObject({
   model: z.string().optional(),
@@ -192,6 +233,11 @@ export interface ScoreRequest {
 }
 
 export function parseScoreRequest(body: unknown): ScoreRequest {
+  if (body !== null && typeof body === 'object' && !Array.isArray(body)) {
+    const b = body as { text_1?: unknown; text_2?: unknown };
+    const bad = textsIssue(b.text_1, 'text_1') ?? textsIssue(b.text_2, 'text_2');
+    if (bad) throw bad;
+  }
   const d = parseField(scoreSchema, body);
   const a = typeof d.text_1 === 'string' ? [d.text_1] : d.text_1;
   const b = typeof d.text_2 === 'string' ? [d.text_2] : d.text_2;

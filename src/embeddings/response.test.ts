@@ -10,7 +10,7 @@ import {
   toBase64,
 } from './response.js';
 
-const meta = { id: 'req-1', created: 1700000000, model: 'm', estimate: 9 };
+const meta = { id: 'req-1', created: 1700000000, model: 'm', estimate: 9, ceiling: 100 };
 
 function upstreamError(fn: () => unknown, pattern: RegExp): void {
   assert.throws(fn, (e: unknown) => {
@@ -103,6 +103,76 @@ describe('embeddings answers', () => {
       /float32/,
     );
     upstreamError(() => normalizeEmbeddings([], r, meta), /not an object/);
+    // Empty or malformed base64, whichever encoding the client asked for.
+    const b64 = parseEmbeddingsRequest({ input: ['a', 'b'], encoding_format: 'base64' });
+    for (const req of [r, b64]) {
+      for (const bad of ['', '!!!!', 'AAAA AAA=', 'AAAAAAA=']) {
+        upstreamError(
+          () => normalizeEmbeddings({ data: [{ embedding: bad }, { embedding: v1 }] }, req, meta),
+          /data\[0\]\.embedding is not a base64 float32 vector/,
+        );
+      }
+    }
+  });
+
+  it('uses its estimate when the worker counts more tokens than the inputs can make', () => {
+    const r = parseEmbeddingsRequest({ input: ['a', 'b'] });
+    const answer = (n: number) => ({
+      data: [{ embedding: v1 }, { embedding: v2 }],
+      usage: { prompt_tokens: n },
+    });
+    assert.equal(normalizeEmbeddings(answer(100), r, meta).promptTokens, 100);
+    assert.equal(normalizeEmbeddings(answer(101), r, meta).promptTokens, 9);
+    assert.equal(normalizeEmbeddings(answer(1e20), r, meta).promptTokens, 9);
+  });
+});
+
+describe('pooling request validation', () => {
+  function refused(body: unknown, parse: (b: unknown) => unknown, code: string, param: string) {
+    assert.throws(
+      () => parse(body),
+      (e: unknown) => {
+        assert.ok(e instanceof ServiceError, String(e));
+        assert.deepEqual([e.code, e.param], [code, param], JSON.stringify(body));
+        assert.equal(e.status, 400);
+        return true;
+      },
+    );
+  }
+  const emb = parseEmbeddingsRequest;
+
+  it('counts inputs, not the tokens of one token-id input, against the 2,048 cap', () => {
+    const ids = Array.from({ length: 3000 }, (_, i) => i % 500);
+    assert.deepEqual(emb({ input: ids }).inputs, [{ ids }]);
+    assert.equal(emb({ input: [ids, ids] }).inputs.length, 2);
+    refused({ input: Array.from({ length: 2049 }, () => [1]) }, emb, 'invalid_value', 'input');
+    refused({ input: Array.from({ length: 2049 }, () => 'a') }, emb, 'invalid_value', 'input');
+    assert.equal(emb({ input: Array.from({ length: 2048 }, () => 'a') }).inputs.length, 2048);
+  });
+
+  it('names the element and tells a wrong type from a wrong value', () => {
+    refused({}, emb, 'missing_required_parameter', 'input');
+    for (const input of [5, null, true, { a: 1 }]) refused({ input }, emb, 'invalid_type', 'input');
+    refused({ input: '' }, emb, 'invalid_value', 'input');
+    refused({ input: [] }, emb, 'invalid_value', 'input');
+    refused({ input: [{}] }, emb, 'invalid_type', 'input[0]');
+    refused({ input: [1, 'a'] }, emb, 'invalid_type', 'input[1]');
+    refused({ input: [1, -1] }, emb, 'invalid_value', 'input[1]');
+    refused({ input: [1, 1.5] }, emb, 'invalid_value', 'input[1]');
+    refused({ input: ['a', 1] }, emb, 'invalid_type', 'input[1]');
+    refused({ input: ['a', ''] }, emb, 'invalid_value', 'input[1]');
+    refused({ input: [[1], ['a']] }, emb, 'invalid_type', 'input[1][0]');
+    refused({ input: [[1], []] }, emb, 'invalid_value', 'input[1]');
+    refused({ input: [[1], 2] }, emb, 'invalid_type', 'input[1]');
+    const score = parseScoreRequest;
+    refused({ text_2: 'b' }, score, 'missing_required_parameter', 'text_1');
+    refused({ text_1: 1, text_2: 'b' }, score, 'invalid_type', 'text_1');
+    refused({ text_1: null, text_2: 'b' }, score, 'invalid_type', 'text_1');
+    refused({ text_1: 'a', text_2: ['a', 1] }, score, 'invalid_type', 'text_2[1]');
+    refused({ text_1: 'a', text_2: ['a', null] }, score, 'invalid_type', 'text_2[1]');
+    refused({ text_1: 'a', text_2: [['a']] }, score, 'invalid_type', 'text_2[0]');
+    refused({ text_1: 'a', text_2: ['a', ''] }, score, 'invalid_value', 'text_2[1]');
+    refused({ text_1: 'a', text_2: [] }, score, 'invalid_value', 'text_2');
   });
 });
 

@@ -6,7 +6,9 @@
  * scores different from the inputs, a non-numeric score, an index out of range) is a
  * 502 `upstream_error`: a wrong answer must not pass for a right one.
  *
- * Token counts come from the worker's `usage`; without one, the router's estimate.
+ * Token counts come from the worker's `usage`; without one, or with one larger than
+ * any tokenizer makes of the inputs (`Meta.ceiling`), the router's estimate: an
+ * impossible count would be billed as such, or refused by the usage table.
  */
 import { ServiceError } from '../errors/index.js';
 import type { EmbeddingsRequest, RerankRequest, ScoreRequest } from './request.js';
@@ -29,13 +31,13 @@ function list(v: unknown, what: string): unknown[] {
   return v;
 }
 
-function promptTokensOf(body: Record<string, unknown>, estimate: number): number {
+function promptTokensOf(body: Record<string, unknown>, m: Meta): number {
   const u = body.usage as Record<string, unknown> | undefined;
-  const meta = body.meta as { billed_units?: { search_units?: unknown } } | undefined;
-  for (const n of [u?.prompt_tokens, u?.total_tokens, meta?.billed_units?.search_units]) {
-    if (Number.isInteger(n) && (n as number) >= 0) return n as number;
+  const billed = body.meta as { billed_units?: { search_units?: unknown } } | undefined;
+  for (const n of [u?.prompt_tokens, u?.total_tokens, billed?.billed_units?.search_units]) {
+    if (Number.isInteger(n) && (n as number) >= 0 && (n as number) <= m.ceiling) return n as number;
   }
-  return estimate;
+  return m.estimate;
 }
 
 /** Little-endian float32 bytes as base64: OpenAI's `encoding_format: "base64"`. */
@@ -44,17 +46,31 @@ export function toBase64(v: readonly number[]): string {
   return Buffer.from(f.buffer, f.byteOffset, f.byteLength).toString('base64');
 }
 
-/** The inverse; the byte count must be a whole number of float32 values. */
-export function fromBase64(s: string): number[] {
-  const buf = Buffer.from(s, 'base64');
-  if (buf.length % 4 !== 0) throw bad('a base64 embedding is not whole float32 values');
+/** Standard base64, as OpenAI and vLLM send it (Buffer.from would skip other bytes). */
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** A worker's base64 vector: well-formed, non-empty, whole float32 values. */
+function checkBase64(s: string, i: number): Buffer {
+  const buf = BASE64.test(s) ? Buffer.from(s, 'base64') : null;
+  if (buf === null || buf.length === 0 || buf.length % 4 !== 0) {
+    throw bad(`data[${i}].embedding is not a base64 float32 vector`);
+  }
+  return buf;
+}
+
+/** The inverse of `toBase64`, for a worker's base64 answer to a `float` request. */
+export function fromBase64(s: string, i = 0): number[] {
+  const buf = checkBase64(s, i);
   const out = new Array<number>(buf.length / 4);
   for (let i = 0; i < out.length; i++) out[i] = buf.readFloatLE(i * 4);
   return out;
 }
 
 function vector(v: unknown, i: number): number[] | string {
-  if (typeof v === 'string') return v;
+  if (typeof v === 'string') {
+    checkBase64(v, i);
+    return v;
+  }
   if (!Array.isArray(v) || v.length === 0 || !v.every((x) => typeof x === 'number')) {
     throw bad(`data[${i}].embedding is not a vector`);
   }
@@ -84,10 +100,10 @@ export function normalizeEmbeddings(
     const v = vector(item.embedding, pos);
     let embedding: number[] | string;
     if (r.base64) embedding = typeof v === 'string' ? v : toBase64(v);
-    else embedding = typeof v === 'string' ? fromBase64(v) : v;
+    else embedding = typeof v === 'string' ? fromBase64(v, pos) : v;
     out[index as number] = { object: 'embedding', index: index as number, embedding };
   });
-  const promptTokens = promptTokensOf(body, meta.estimate);
+  const promptTokens = promptTokensOf(body, meta);
   return {
     response: {
       object: 'list',
@@ -130,7 +146,7 @@ export function normalizeRerank(
   if (results.length < want) throw bad(`${results.length} results for ${want} documents`);
   results.sort((a, b) => b.relevance_score - a.relevance_score || a.index - b.index);
   const top = results.slice(0, want);
-  const promptTokens = promptTokensOf(body, meta.estimate);
+  const promptTokens = promptTokensOf(body, meta);
   return {
     response: {
       id: meta.id,
@@ -167,7 +183,7 @@ export function normalizeScore(
       score: score(item.score, `data[${pos}].score`),
     };
   });
-  const promptTokens = promptTokensOf(body, meta.estimate);
+  const promptTokens = promptTokensOf(body, meta);
   return {
     response: {
       id: meta.id,

@@ -4,10 +4,11 @@
  * - `POST /embeddings`: OpenAI's request and response, so `client.embeddings.create`
  *   works unchanged (the SDK asks for `base64` and decodes it). Needs the endpoint's
  *   model to declare `embeddings`.
- * - `POST /rerank`: vLLM's (Cohere-style) request; the answer is `{id, model, usage:
+ * - `POST /rerank` (also `<endpoint>/v2/rerank` and `<endpoint>/rerank`, vLLM's
+ *   paths): vLLM's (Cohere-style) request; the answer is `{id, model, usage:
  *   {total_tokens}, results: [{index, relevance_score, document?: {text}}]}`, best
  *   first, cut to `top_n`. Needs `rerank`.
- * - `POST /score`: vLLM's `{text_1, text_2}`; the answer is `{id, object: "list",
+ * - `POST /score` (also `<endpoint>/score`): vLLM's `{text_1, text_2}`; the answer is `{id, object: "list",
  *   created, model, data: [{index, object: "score", score}], usage}` in request order.
  *   Needs `rerank` (the spec: scoring uses the endpoint's reranker model).
  *
@@ -76,6 +77,8 @@ interface Job {
   user: string | null;
   /** The router's estimate of the prompt tokens (for the scorer). */
   estimate: number;
+  /** More tokens than any tokenizer makes of these inputs (response.ts, `promptTokensOf`). */
+  ceiling: number;
   respond(worker: unknown, meta: Meta): { response: unknown; promptTokens: number };
 }
 
@@ -84,6 +87,7 @@ export interface Meta {
   created: number;
   model: string;
   estimate: number;
+  ceiling: number;
 }
 
 function estimateTokens(texts: Iterable<string>): number {
@@ -92,15 +96,36 @@ function estimateTokens(texts: Iterable<string>): number {
   return Math.ceil(chars / CHARS_PER_TOKEN);
 }
 
+/** Tokens a sequence may add around its text (BOS, EOS, separators). */
+const SPECIAL_TOKENS = 8;
+
+/**
+ * An upper bound on the tokens of `sequences` texts totalling `chars` UTF-16 units:
+ * at most 3 UTF-8 bytes per unit, and no tokenizer (byte-level BPE, SentencePiece
+ * with byte fallback) makes more than one token of a byte.
+ */
+function tokenCeiling(chars: number, sequences: number): number {
+  return 3 * chars + SPECIAL_TOKENS * sequences;
+}
+
+function charsOf(texts: Iterable<string>): number {
+  let chars = 0;
+  for (const t of texts) chars += t.length;
+  return chars;
+}
+
 function embeddingsJob(r: EmbeddingsRequest): Job {
   let estimate = 0;
+  let ceiling = 0;
   for (const i of r.inputs) {
     estimate += 'text' in i ? estimateTokens([i.text]) : i.ids.length;
+    ceiling += 'text' in i ? tokenCeiling(i.text.length, 1) : i.ids.length + SPECIAL_TOKENS;
   }
   return {
     body: r.body,
     user: r.user,
     estimate,
+    ceiling,
     respond: (w, meta) => normalizeEmbeddings(w, r, meta),
   };
 }
@@ -110,6 +135,10 @@ function rerankJob(r: RerankRequest): Job {
     body: r.body,
     user: r.user,
     estimate: estimateTokens(r.documents) + estimateTokens([r.query]) * r.documents.length,
+    ceiling: tokenCeiling(
+      charsOf(r.documents) + r.query.length * r.documents.length,
+      r.documents.length,
+    ),
     respond: (w, meta) => normalizeRerank(w, r, meta),
   };
 }
@@ -119,6 +148,7 @@ function scoreJob(r: ScoreRequest): Job {
     body: r.body,
     user: r.user,
     estimate: estimateTokens(r.pairs.flat()),
+    ceiling: tokenCeiling(charsOf(r.pairs.flat()), r.pairs.length),
     respond: (w, meta) => normalizeScore(w, r, meta),
   };
 }
@@ -238,6 +268,7 @@ class Pooling {
         created: Math.floor(startedAt / 1000),
         model: endpoint.modelName,
         estimate: job.estimate,
+        ceiling: job.ceiling,
       });
       promptTokens = out.promptTokens;
       outcome = 'completed';
@@ -306,7 +337,13 @@ export function embeddingRoutes(s: Services): FastifyPluginAsync {
     // The key answers before a malformed body (http/json-body.ts).
     deferJsonErrors(app, s.verifier);
     app.post('/:projectId/:endpointSlug/v1/embeddings', pooling.handler('embeddings'));
-    app.post('/:projectId/:endpointSlug/v1/rerank', pooling.handler('rerank'));
-    app.post('/:projectId/:endpointSlug/v1/score', pooling.handler('score'));
+    // vLLM's paths: Cohere's v2 clients post to `<base>/v2/rerank`, Jina's and older
+    // Cohere ones to `/v1/rerank`, some to `/rerank` and `/score` at the root.
+    for (const path of ['v1/rerank', 'v2/rerank', 'rerank']) {
+      app.post(`/:projectId/:endpointSlug/${path}`, pooling.handler('rerank'));
+    }
+    for (const path of ['v1/score', 'score']) {
+      app.post(`/:projectId/:endpointSlug/${path}`, pooling.handler('score'));
+    }
   };
 }

@@ -100,17 +100,18 @@ export function upstreamFailure(status: number, text: string): ServiceError {
   let param: string | null = null;
   try {
     const body: unknown = JSON.parse(text);
-    const e = (body as { error?: { code?: unknown; param?: unknown } } | null)?.error;
+    // OpenAI's `{error: {message, code, param}}`, or vLLM's top-level `{object: "error",
+    // message, param, code: <HTTP status>}` (its numeric code is not one of ours).
+    type Fields = { object?: unknown; message?: unknown; code?: unknown; param?: unknown };
+    const top = body as (Fields & { error?: Fields }) | null;
+    const flat = top?.object === 'error';
+    const e = flat ? top : top?.error;
     if (e && typeof e === 'object') {
       if (typeof e.code === 'string') code = e.code;
       if (typeof e.param === 'string' && e.param.length <= 200) param = e.param;
     }
-    // OpenAI's `{error: {message}}`, or vLLM's older top-level `{object: "error", message}`.
     message = upstreamErrorMessage(body);
-    const top = body as { object?: unknown; message?: unknown } | null;
-    if (message === null && top?.object === 'error' && typeof top.message === 'string') {
-      message = top.message;
-    }
+    if (message === null && flat && typeof top.message === 'string') message = top.message;
   } catch {
     message = null;
   }

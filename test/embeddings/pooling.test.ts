@@ -124,7 +124,9 @@ describe('embeddings with the OpenAI SDK', () => {
       [{ input: ['ok', ''] }, 'invalid_value', 'input[1]'],
       [{ input: ['ok', 3] }, 'invalid_type', 'input[1]'],
       [{ input: [[1, 2], [-1]] }, 'invalid_value', 'input[1][0]'],
-      [{ input: [[1, 'a']] }, 'invalid_value', 'input[0][1]'],
+      [{ input: [[1, 'a']] }, 'invalid_type', 'input[0][1]'],
+      [{ input: 5 }, 'invalid_type', 'input'],
+      [{ input: [1, 2, 'a'] }, 'invalid_type', 'input[2]'],
       [{ input: Array.from({ length: 2049 }, () => 'x') }, 'invalid_value', 'input'],
       [{ input: 'x', encoding_format: 'int8' }, 'invalid_value', 'encoding_format'],
       [{ input: 'x', dimensions: 0 }, 'invalid_value', 'dimensions'],
@@ -234,6 +236,15 @@ describe('rerank and score', () => {
     });
     assert.equal(top.status, 200);
     assert.deepEqual(top.body.results, [{ index: order[0], relevance_score: scores[order[0]!] }]);
+
+    // vLLM's other paths, relative to the endpoint (Cohere's v2 client: `<base>/v2/rerank`).
+    for (const path of ['/../v2/rerank', '/../rerank']) {
+      const alias = await post(f, path, { query: 'cat on a mat', documents: docs, top_n: 1 });
+      assert.equal(alias.status, 200, path);
+      assert.equal(alias.body.results[0]!.index, order[0], path);
+    }
+    const score = await post(f, '/../score', { text_1: 'cat', text_2: 'cat' });
+    assert.deepEqual(score.body.data, [{ index: 0, object: 'score', score: 1 }]);
   });
 
   it('rejects bad rerank requests with the field named', async () => {

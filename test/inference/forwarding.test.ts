@@ -35,6 +35,19 @@ async function recordingWorker() {
         res.end(JSON.stringify({ error: body.fail_with }));
         return;
       }
+      // vLLM's flat error body: `{object: "error", message, type, param, code: 400}`.
+      if (body.fail_flat) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({
+            object: 'error',
+            type: 'BadRequestError',
+            code: 400,
+            ...body.fail_flat,
+          }),
+        );
+        return;
+      }
       const base = { id: 'w-1', created: 0, model: 'rm' };
       const usage = { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 };
       if (body.stream !== true) {
@@ -236,6 +249,16 @@ describe('the body a worker receives', () => {
       assert.equal(e.param, param);
       assert.equal(e.message, error.message);
     }
+    // vLLM's flat body: its param is kept too; its numeric code is not one of ours.
+    const r = await send({ fail_flat: { message: 'dimensions too large', param: 'dimensions' } });
+    assert.equal(r.status, 400, r.text);
+    const e = (
+      JSON.parse(r.text) as { error: { code: string; param: string | null; message: string } }
+    ).error;
+    assert.deepEqual(
+      [e.code, e.param, e.message],
+      ['upstream_rejected', 'dimensions', 'dimensions too large'],
+    );
   });
 
   it('a streaming client that sends Connection: close gets it, and the socket closes after [DONE]', async () => {
