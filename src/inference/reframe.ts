@@ -167,8 +167,23 @@ function asString(v: unknown): string | undefined {
 }
 
 /** A token count: a finite number, truncated and floored at 0. */
+/**
+ * The largest token count taken from a worker: the usage table's integer columns
+ * hold no more, and no model's context comes near it. A larger one is not a count.
+ */
+const MAX_COUNT = 2 ** 31 - 1;
+
 function asCount(v: unknown): number | undefined {
-  return typeof v === 'number' && Number.isFinite(v) ? (v > 0 ? Math.floor(v) : 0) : undefined;
+  return typeof v === 'number' && Number.isFinite(v) && v <= MAX_COUNT
+    ? v > 0
+      ? Math.floor(v)
+      : 0
+    : undefined;
+}
+
+/** A number where a count belongs, but none a worker could have counted. */
+function impossibleCount(v: unknown): boolean {
+  return typeof v === 'number' && !(v <= MAX_COUNT);
 }
 
 /** A count that is only meaningful when positive (audio tokens of a text model). */
@@ -409,6 +424,14 @@ export function extractUsage(
   if (body === undefined) return null;
   const usage = asObj(body.usage);
   const timings = asObj(body.timings);
+  // A worker that counts 1e20 tokens counted nothing: the router's estimate instead
+  // (billed and limited as such, where the impossible count would lose the record).
+  if (
+    usage !== undefined &&
+    (impossibleCount(usage.prompt_tokens) || impossibleCount(usage.completion_tokens))
+  ) {
+    return null;
+  }
   if (usage === undefined) {
     // llama.cpp attaches timings to the last chunk even without include_usage;
     // `predicted_n` marks them as final counts rather than prompt progress.

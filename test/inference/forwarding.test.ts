@@ -13,6 +13,7 @@ import http from 'node:http';
 import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import { tables } from '../../src/store/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
 
 /** An OpenAI-compatible worker answering "ok" to everything, keeping every request body. */
@@ -49,7 +50,9 @@ async function recordingWorker() {
         return;
       }
       const base = { id: 'w-1', created: 0, model: 'rm' };
-      const usage = { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 };
+      const usage = body.usage_prompt_tokens
+        ? { prompt_tokens: body.usage_prompt_tokens, completion_tokens: 1, total_tokens: 6 }
+        : { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 };
       if (body.stream !== true) {
         res.writeHead(200, { 'content-type': 'application/json' });
         res.end(
@@ -259,6 +262,41 @@ describe('the body a worker receives', () => {
       [e.code, e.param, e.message],
       ['upstream_rejected', 'dimensions', 'dimensions too large'],
     );
+  });
+
+  it("a worker's impossible token count is not billed: the router's estimate is, and recorded", async () => {
+    for (const stream of [false, true]) {
+      const r = await fetch(url, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: 'x',
+          messages: [{ role: 'user', content: 'count me' }],
+          usage_prompt_tokens: 1e20,
+          stream,
+          ...(stream ? { stream_options: { include_usage: true } } : {}),
+        }),
+      });
+      assert.equal(r.status, 200);
+      const text = await r.text();
+      const id = r.headers.get('x-request-id')!;
+      const usage = stream
+        ? (
+            JSON.parse(
+              text
+                .split('\n\n')
+                .filter((e) => e.startsWith('data: {') && e.includes('"usage":{'))
+                .at(-1)!
+                .slice(6),
+            ) as { usage: { prompt_tokens: number } }
+          ).usage
+        : (JSON.parse(text) as { usage: { prompt_tokens: number } }).usage;
+      assert.ok(usage.prompt_tokens > 0 && usage.prompt_tokens < 100, JSON.stringify(usage));
+      await s.services.usage.flush();
+      const rows = await s.services.store.db.select().from(tables.usageRecords);
+      const row = rows.find((x) => x.requestId === id);
+      assert.equal(row?.promptTokens, usage.prompt_tokens, `stream: ${stream}`);
+    }
   });
 
   it('a streaming client that sends Connection: close gets it, and the socket closes after [DONE]', async () => {
