@@ -54,16 +54,40 @@ function isTooLarge(err: unknown): boolean {
   return (err as { code?: string }).code === 'FST_REQ_FILE_TOO_LARGE';
 }
 
-/** A multipart body's parts, with busboy's limit errors as ours. */
+/**
+ * An error of the multipart stream itself as the client's: busboy's limits, and its
+ * parser's refusals ("Boundary not found", "Unexpected end of form", …) as 400
+ * `invalid_body`. Only errors raised while reading the request reach this, never
+ * the database's.
+ */
+function multipartError(err: unknown): unknown {
+  if (err instanceof ServiceError || isTooLarge(err)) return err;
+  const code = (err as { code?: string }).code;
+  if (code === 'FST_FILES_LIMIT' || code === 'FST_FIELDS_LIMIT' || code === 'FST_PARTS_LIMIT') {
+    return new ServiceError('invalid_body', { message: 'The multipart body has too many parts.' });
+  }
+  const what = err instanceof Error ? err.message.replace(/^Multipart: /, '') : String(err);
+  return new ServiceError('invalid_body', {
+    message: `The multipart body is malformed: ${what.slice(0, 200)}.`,
+    cause: err,
+  });
+}
+
+/** A multipart body's parts, with busboy's errors as ours. */
 async function* parts(request: FastifyRequest, fileSize: number): AsyncGenerator<Multipart> {
   try {
     yield* request.parts({ limits: { fileSize, files: 1, fields: 16 } });
   } catch (err) {
-    const code = (err as { code?: string }).code;
-    if (code === 'FST_FILES_LIMIT' || code === 'FST_FIELDS_LIMIT' || code === 'FST_PARTS_LIMIT') {
-      throw new ServiceError('invalid_body', { message: 'The multipart body has too many parts.' });
-    }
-    throw err;
+    throw multipartError(err);
+  }
+}
+
+/** A file part's bytes, with busboy's errors (a body cut short, say) as ours. */
+async function* bytesOf(file: AsyncIterable<unknown>): AsyncGenerator<Buffer> {
+  try {
+    for await (const buf of file) yield buf as Buffer;
+  } catch (err) {
+    throw multipartError(err);
   }
 }
 
@@ -124,7 +148,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
               u.batchError = err;
             }
           });
-          for await (const buf of part.file as AsyncIterable<Buffer>) {
+          for await (const buf of bytesOf(part.file)) {
             await writer.write(buf);
             if (u.batchError === null) splitter.push(buf);
           }
@@ -170,7 +194,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
             projectOf(request),
             request.params.uploadId,
             (async function* () {
-              for await (const buf of file as AsyncIterable<Buffer>) yield buf;
+              yield* bytesOf(file);
               if (file.truncated) throw partTooLarge(maxPart);
             })(),
           );

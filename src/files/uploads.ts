@@ -151,20 +151,37 @@ export class UploadService {
     await this.pending(projectId, uploadId);
     const id = `part_${randomBytes(12).toString('hex')}`;
     const writer = new ChunkWriter(this.db, id);
+    const { maxPartBytes, maxFileBytes } = this.limits;
+    // Parts not named at completion are allowed (OpenAI's rule), so the parts may
+    // hold more than the declared size, but never more than the largest file.
+    const stored = await this.partBytes(uploadId);
+    let inserted = false;
     try {
       for await (const buf of data) {
-        if (writer.bytes + buf.length > this.limits.maxPartBytes)
-          throw partTooLarge(this.limits.maxPartBytes);
+        if (writer.bytes + buf.length > maxPartBytes) throw partTooLarge(maxPartBytes);
+        if (stored + writer.bytes + buf.length > maxFileBytes) throw partsTooLarge(maxFileBytes);
         await writer.write(buf);
       }
       await writer.end();
       const now = new Date(this.clock.now());
       await this.db.insert(P).values({ id, uploadId, bytes: writer.bytes, createdAt: now });
+      inserted = true;
+      // Parts streamed side by side each saw the others' bytes missing: count again.
+      if ((await this.partBytes(uploadId)) > maxFileBytes) throw partsTooLarge(maxFileBytes);
       return { id, object: 'upload.part', created_at: seconds(now), upload_id: uploadId };
     } catch (err) {
+      if (inserted) await this.db.delete(P).where(eq(P.id, id));
       await deleteChunks(this.db, id);
       throw err;
     }
+  }
+
+  private async partBytes(uploadId: string): Promise<number> {
+    const [row] = await this.db
+      .select({ n: sql<string | number | null>`sum(${P.bytes})` })
+      .from(P)
+      .where(eq(P.uploadId, uploadId));
+    return Number(row?.n ?? 0);
   }
 
   async complete(projectId: string, uploadId: string, raw: unknown): Promise<UploadObject> {
@@ -320,6 +337,13 @@ async function dropParts(tx: Tx, uploadId: string): Promise<void> {
       ),
     );
   await tx.delete(P).where(eq(P.uploadId, uploadId));
+}
+
+function partsTooLarge(max: number): ServiceError {
+  return new ServiceError('payload_too_large', {
+    message: `An upload's parts hold at most ${max} bytes in all (the largest file).`,
+    param: 'data',
+  });
 }
 
 export function partTooLarge(max: number): ServiceError {

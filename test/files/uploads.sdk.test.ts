@@ -122,6 +122,60 @@ describe('uploads with the OpenAI SDK', () => {
     assert.equal((await apiError(part('upload_nope', Buffer.from('x')))).code, 'upload_not_found');
   });
 
+  it('a malformed multipart body is 400 invalid_body, on parts and files alike', async () => {
+    const upload = await f.client.uploads.create({
+      filename: 'm.txt',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'text/plain',
+    });
+    const post = (path: string, type: string, body: string) =>
+      fetch(`${f.baseURL}${path}`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${f.key}`, 'content-type': type },
+        body,
+      });
+    const unterminated =
+      '--zzz\r\nContent-Disposition: form-data; name="FIELD"; filename="x"\r\n\r\nabc';
+    for (const path of [`/uploads/${upload.id}/parts`, '/files']) {
+      const field = path === '/files' ? 'file' : 'data';
+      for (const [type, body] of [
+        ['multipart/form-data', 'abc'],
+        ['multipart/form-data; boundary=zzz', unterminated.replace('FIELD', field)],
+        ['multipart/form-data; boundary=zzz', '--zzz\r\n\x00\x01 headers that never end'],
+      ] as const) {
+        const r = await post(path, type, body);
+        const e = ((await r.json()) as { error: { code: string; type: string } }).error;
+        assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${JSON.stringify(e)}`);
+        assert.equal(e.code, 'invalid_body');
+        assert.equal(e.type, 'invalid_request_error');
+      }
+    }
+    // Nothing was stored, and the upload still takes a good part.
+    const p = await part(upload.id, Buffer.from('abc'));
+    const done = await f.client.uploads.complete(upload.id, { part_ids: [p.id] });
+    assert.equal(done.status, 'completed');
+  });
+
+  it("refuses a part that would take the upload's parts past the largest file", async () => {
+    const upload = await f.client.uploads.create({
+      filename: 's.bin',
+      purpose: 'assistants',
+      bytes: 10,
+      mime_type: 'application/octet-stream',
+    });
+    // Parts not named at completion are allowed (OpenAI's rule), but not without end.
+    const twoMiB = Buffer.alloc(2 * 1024 * 1024);
+    await part(upload.id, twoMiB);
+    await part(upload.id, twoMiB);
+    const over = await apiError(part(upload.id, Buffer.from('x')));
+    assert.equal(over.status, 413);
+    assert.equal(over.code, 'payload_too_large');
+    assert.equal(over.param, 'data');
+    const rows = await f.server.services.store.db.select().from(tables.uploadParts);
+    assert.equal(rows.filter((r) => r.uploadId === upload.id).length, 2);
+  });
+
   it('checks a batch upload as batch input at completion', async () => {
     const text =
       '{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{}}\nnot json\n';
