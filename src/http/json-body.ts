@@ -20,6 +20,29 @@ import type { KeyVerifier } from '../keys/index.js';
 import { authenticateKey } from './auth.js';
 import { errorHandler, toServiceError } from './errors.js';
 
+/**
+ * JSON is UTF-8 (RFC 8259). A body is read as bytes and decoded strictly: Node's
+ * string reader would turn a stray byte into U+FFFD and store the client's text
+ * changed, with no error. The decoder is native; a body costs well under a
+ * microsecond more than the lenient read.
+ */
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+function notUtf8(): ServiceError {
+  return new ServiceError('invalid_json', {
+    message: 'The request body is not valid UTF-8, which JSON requires.',
+  });
+}
+
+/** The body's text, or null when its bytes are not UTF-8. */
+function text(body: Buffer): string | null {
+  try {
+    return UTF8.decode(body);
+  } catch {
+    return null;
+  }
+}
+
 export class UndecodableBody {
   constructor(readonly error: ServiceError) {}
 }
@@ -37,11 +60,16 @@ export function emptyJsonIsObject(app: FastifyInstance): void {
   app.removeContentTypeParser('text/plain');
   const json = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser<string>(
+  app.addContentTypeParser<Buffer>(
     'application/json',
-    { parseAs: 'string' },
-    (request, body, done) => {
-      if (body.length === 0) done(null, {});
+    { parseAs: 'buffer' },
+    (request, raw, done) => {
+      if (raw.length === 0) {
+        done(null, {});
+        return;
+      }
+      const body = text(raw);
+      if (body === null) done(notUtf8(), undefined);
       else
         json(request, body, (err, value) => done(err ? (protoRefusal(body) ?? err) : null, value));
     },
@@ -95,13 +123,18 @@ export function deferJsonErrors(app: FastifyInstance, verifier: KeyVerifier): vo
   });
   const json = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser<string>(
+  app.addContentTypeParser<Buffer>(
     'application/json',
-    { parseAs: 'string' },
-    (request, body, done) => {
-      if (body.length === 0) {
+    { parseAs: 'buffer' },
+    (request, raw, done) => {
+      if (raw.length === 0) {
         const empty = new ServiceError('invalid_json', { message: 'The request body is empty.' });
         done(null, new UndecodableBody(empty));
+        return;
+      }
+      const body = text(raw);
+      if (body === null) {
+        done(null, new UndecodableBody(notUtf8()));
         return;
       }
       json(request, body, (err, value) => {

@@ -152,4 +152,42 @@ describe('fuzzing the chat route over HTTP', () => {
     const ok = await send(JSON.stringify(base));
     assert.equal(ok.status, 200);
   });
+
+  it('a body that is not UTF-8 is refused, not stored or forwarded with U+FFFD in it', async () => {
+    const bytes = (s: string, bad: number[]) => {
+      const [a, b] = s.split('BAD') as [string, string];
+      return Buffer.concat([Buffer.from(a), Buffer.from(bad), Buffer.from(b)]);
+    };
+    const chat = bytes(
+      '{"model":"x","messages":[{"role":"user","content":"aBADb"}]}',
+      [0xff, 0xfe],
+    );
+    for (const body of [chat, bytes(JSON.stringify(base).replace('hi', 'hBAD'), [0xc3])]) {
+      const r = await send(body);
+      assert.equal(r.status, 400);
+      assert.equal((r.json as { error: { code: string } }).error.code, 'invalid_json');
+    }
+    // A management route (another parser scope) alike; valid U+FFFD is text like any other.
+    const conv = (body: Buffer) =>
+      request(`${f.baseURL}/conversations`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
+        body,
+      });
+    const bad = await conv(bytes('{"metadata":{"k":"aBADb"}}', [0xff]));
+    assert.equal(bad.statusCode, 400);
+    assert.equal(
+      ((await bad.body.json()) as { error: { code: string } }).error.code,
+      'invalid_json',
+    );
+    const good = await conv(Buffer.from('\ufeff{"metadata":{"k":"a\ufffdb"}}'));
+    assert.equal(good.statusCode, 200);
+    assert.deepEqual(((await good.body.json()) as { metadata: unknown }).metadata, {
+      k: 'a\ufffdb',
+    });
+    const ok = await send(
+      JSON.stringify({ ...base, messages: [{ role: 'user', content: 'é ✓ \ufffd' }] }),
+    );
+    assert.equal(ok.status, 200);
+  });
 });
