@@ -30,7 +30,7 @@ import {
   readChunks,
   type FileService,
 } from '../files/index.js';
-import { listPage, parseBody } from '../http/validate.js';
+import { listPage, parseField } from '../http/validate.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
@@ -99,7 +99,7 @@ export class BatchService {
   ) {}
 
   async create(key: KeyRecord, endpoint: Endpoint, raw: unknown): Promise<BatchObject> {
-    const body = parseBody(createBody, raw, 'invalid_value');
+    const body = parseField(createBody, raw);
     const file = await this.files.get(key.projectId, body.input_file_id, 'input_file_id');
     if (file.purpose !== 'batch') {
       throw new ServiceError('invalid_value', {
@@ -181,7 +181,7 @@ export class BatchService {
   }
 
   async list(key: KeyRecord, query: unknown) {
-    const q = parseBody(listQuery, query ?? {}, 'invalid_value');
+    const q = parseField(listQuery, query ?? {});
     const where = this.scope(key);
     if (q.after) {
       const [cursor] = await this.db

@@ -11,7 +11,7 @@
 import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { projectOf, surfaceAccess } from '../files/access.js';
-import { listPage, listQuery, parseBody } from '../http/validate.js';
+import { listPage, listQuery, parseField } from '../http/validate.js';
 import { parseInputItem, storedItem } from '../responses/request.js';
 import type { Services } from '../runtime/services.js';
 import { ConversationService, notFound, type Item } from './service.js';
@@ -48,7 +48,7 @@ export function conversationRoutes(s: Services): FastifyPluginAsync {
     for (const root of ['/:projectId/:endpointSlug/v1', '/:projectId/v1']) {
       const base = `${root}/conversations`;
       app.post(base, async (r) => {
-        const body = parseBody(createBody, r.body ?? {});
+        const body = parseField(createBody, r.body ?? {});
         return svc.create(projectOf(r), {
           items: items(body.items),
           metadata: body.metadata ?? {},
@@ -60,7 +60,7 @@ export function conversationRoutes(s: Services): FastifyPluginAsync {
         return c;
       });
       app.post(`${base}/:conversationId`, async (r) => {
-        const body = parseBody(updateBody, r.body);
+        const body = parseField(updateBody, r.body);
         return svc.update(projectOf(r), id(r), body.metadata);
       });
       app.delete(`${base}/:conversationId`, async (r) => svc.remove(projectOf(r), id(r)));
@@ -68,7 +68,7 @@ export function conversationRoutes(s: Services): FastifyPluginAsync {
         svc.items(projectOf(r), id(r), listQuery(r.query)),
       );
       app.post(`${base}/:conversationId/items`, async (r) => {
-        const body = parseBody(itemsBody, r.body);
+        const body = parseField(itemsBody, r.body);
         const added = await svc.append(projectOf(r), id(r), items(body.items));
         return listPage(added, added.length);
       });

@@ -15,7 +15,7 @@ import { and, asc, desc, eq, gt, lt, type SQL } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { emitEvent } from '../events/outbox.js';
-import { listPage, parseBody } from '../http/validate.js';
+import { listPage, parseField } from '../http/validate.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -184,7 +184,7 @@ export class FileService {
   }
 
   async list(projectId: string, query: unknown) {
-    const q = parseBody(listQuery, query ?? {}, 'invalid_value');
+    const q = parseField(listQuery, query ?? {});
     const where: SQL[] = [eq(F.projectId, projectId), eq(F.status, 'processed')];
     if (q.purpose) where.push(eq(F.purpose, q.purpose));
     if (q.after) {

@@ -20,7 +20,7 @@ import { and, eq, inArray, sql } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { emitEvent } from '../events/outbox.js';
-import { parseBody } from '../http/validate.js';
+import { parseField } from '../http/validate.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -102,7 +102,7 @@ export class UploadService {
   }
 
   async create(projectId: string, raw: unknown): Promise<UploadObject> {
-    const body = parseBody(this.createBody, raw, 'invalid_value');
+    const body = parseField(this.createBody, raw);
     const purpose = checkPurpose(body.purpose);
     const now = this.clock.now();
     const [row] = await this.db
@@ -185,7 +185,7 @@ export class UploadService {
   }
 
   async complete(projectId: string, uploadId: string, raw: unknown): Promise<UploadObject> {
-    const body = parseBody(this.completeBody, raw, 'invalid_value');
+    const body = parseField(this.completeBody, raw);
     const upload = await this.pending(projectId, uploadId);
     const ids = body.part_ids;
     if (new Set(ids).size !== ids.length) {

@@ -55,7 +55,7 @@ export function parseField<S extends z.ZodType>(
 ): z.output<S> {
   const r = schema.safeParse(v, { reportInput: true });
   if (r.success) return r.data;
-  const issue = r.error.issues[0]!;
+  const issue = unionIssue(r.error.issues[0]!);
   const path = [...prefix, ...issue.path];
   if (issue.path.length > 0 && valueAt(v, issue.path) === undefined) {
     const param = formatPath(path);
@@ -68,6 +68,34 @@ export function parseField<S extends z.ZodType>(
     { ...issue, path },
     issue.code === 'invalid_type' ? 'invalid_type' : 'invalid_value',
   );
+}
+
+/**
+ * What a failed union means to the client. A value of none of the union's types is
+ * a wrong type (`content: 5` where a string or a list of parts belongs); a value of
+ * exactly one of them failed inside it, and that branch's issue names the field
+ * (`content[0].type`). Anything else stays the union's own issue.
+ */
+function unionIssue(issue: z.core.$ZodIssue): z.core.$ZodIssue {
+  if (issue.code !== 'invalid_union' || issue.errors.length === 0) return issue;
+  const typeMiss = (b: z.core.$ZodIssue[]) =>
+    b.length > 0 && b[0]!.code === 'invalid_type' && b[0]!.path.length === 0;
+  const matched = issue.errors.filter((b) => !typeMiss(b));
+  if (matched.length === 0) {
+    const expected = issue.errors.map((b) => (b[0] as { expected?: string }).expected);
+    return {
+      code: 'invalid_type',
+      expected: 'union' as never,
+      path: issue.path,
+      input: issue.input,
+      message: `expected ${[...new Set(expected)].join(' or ')}`,
+    } as z.core.$ZodIssue;
+  }
+  if (matched.length === 1 && matched[0]!.length > 0) {
+    const inner = matched[0]![0]!;
+    return unionIssue({ ...inner, path: [...issue.path, ...inner.path] } as z.core.$ZodIssue);
+  }
+  return issue;
 }
 
 function valueAt(body: unknown, path: ReadonlyArray<PropertyKey>): unknown {

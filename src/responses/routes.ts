@@ -37,7 +37,7 @@ import {
   internalCall,
   internalKeyCredential,
 } from '../http/internal-key.js';
-import { clientJson, decoded, deferJsonErrors, nulPath } from '../http/json-body.js';
+import { clientJson, decoded, deferJsonErrors, nulRefusal } from '../http/json-body.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
@@ -147,7 +147,7 @@ class ResponsesApi {
   }
 
   private notFound(id: string, param: string | null = null): ServiceError {
-    return new ServiceError('not_found', {
+    return new ServiceError('response_not_found', {
       message: `No response with id '${id}'.`,
       param,
     });
@@ -158,13 +158,8 @@ class ResponsesApi {
     const raw = decoded(request.body);
     // Stored after the worker's answer (maybe already streamed): refuse what
     // cannot be stored before anything runs.
-    const nul = nulPath(raw);
-    if (nul !== null) {
-      throw new ServiceError('invalid_body', {
-        message: `Invalid '${nul}': a NUL character (U+0000) is not accepted.`,
-        param: nul,
-      });
-    }
+    const nul = nulRefusal(raw);
+    if (nul !== null) throw nul;
     const r = parseResponsesRequest(raw);
     let history: Json[] = [];
     if (r.previousResponseId) {

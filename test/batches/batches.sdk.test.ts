@@ -238,8 +238,10 @@ describe('batches with the OpenAI SDK', () => {
       [{ endpoint: '/v1/responses' }, 400, 'invalid_value', 'endpoint'],
       [{ completion_window: '48h' }, 400, 'invalid_value', 'completion_window'],
       [{ input_file_id: 'file-nope' }, 404, 'file_not_found', 'input_file_id'],
-      [{ input_file_id: undefined }, 400, 'invalid_value', 'input_file_id'],
-      [{ metadata: { k: 1 } }, 400, 'invalid_value', 'metadata.k'],
+      // OpenAI's codes: a missing field, a wrong type, a bad value each have their own.
+      [{ input_file_id: undefined }, 400, 'missing_required_parameter', 'input_file_id'],
+      [{ input_file_id: 7 }, 400, 'invalid_type', 'input_file_id'],
+      [{ metadata: { k: 1 } }, 400, 'invalid_type', 'metadata.k'],
     ];
     for (const [patch, status, code, param] of cases) {
       const body = {

@@ -98,10 +98,14 @@ describe('Conversations API', () => {
       [{ items: [{ type: 'web_search_call' }] }, 'unsupported_value', 'items[0].type'],
       [
         { items: Array.from({ length: 21 }, () => ({ role: 'user', content: 'x' })) },
-        'invalid_body',
+        'invalid_value',
         'items',
       ],
-      [{ metadata: { k: 'v'.repeat(513) } }, 'invalid_body', 'metadata.k'],
+      [{ metadata: { k: 'v'.repeat(513) } }, 'invalid_value', 'metadata.k'],
+      // OpenAI's codes, as on every OpenAI-shaped route: a wrong type is invalid_type.
+      [{ metadata: 'x' }, 'invalid_type', 'metadata'],
+      [{ items: [{ role: 'user', content: 5 }] }, 'invalid_type', 'items[0].content'],
+      [{ items: [{ content: 'x' }] }, 'missing_required_parameter', 'items[0].role'],
     ];
     for (const [body, code, param] of bad) {
       const err = await f.client.conversations.create(body as never).then(
@@ -112,6 +116,21 @@ describe('Conversations API', () => {
       assert.equal(err.code, code, JSON.stringify(body).slice(0, 80));
       assert.equal(err.param, param);
     }
+    const conv = await f.client.conversations.create({});
+    const none = await f.client.conversations.items.create(conv.id, {} as never).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    assert.ok(none instanceof OpenAI.BadRequestError);
+    assert.deepEqual([none.code, none.param], ['missing_required_parameter', 'items']);
+    const gone = await f.client.conversations.items
+      .retrieve('msg_nope', { conversation_id: conv.id })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(gone instanceof OpenAI.NotFoundError);
+    assert.equal(gone.code, 'item_not_found');
   });
 
   it('another project sees none of it', async () => {

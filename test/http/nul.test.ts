@@ -75,6 +75,45 @@ describe('NUL characters from clients', () => {
     }
   });
 
+  it('stored JSON bodies: 400 naming the field, and nothing stored changed', async () => {
+    const mgmt = await f.server.admin('POST', `/projects/inf/keys`, {
+      scopes: ['inference', 'management'],
+    });
+    const as = (path: string, body: unknown) =>
+      http('POST', `${f.server.url}/${f.projectId}${path}`, {
+        auth: `Bearer ${String(mgmt.body.key)}`,
+        body,
+      });
+    const conv = await as('/chat/v1/conversations', {});
+    assert.equal(conv.status, 200, conv.text);
+    for (const [path, body, param] of [
+      ['/chat/v1/conversations', { metadata: { k: 'a\u0000b' } }, 'metadata.k'],
+      [
+        `/chat/v1/conversations/${String(conv.body.id)}/items`,
+        { items: [{ type: 'message', role: 'user', content: 'x\u0000' }] },
+        'items[0].content',
+      ],
+      [
+        '/v1/budget_alerts',
+        { name: 'n\u0000', threshold_cents: 100, url: 'https://example.com/hook' },
+        'name',
+      ],
+      [
+        '/chat/v1/uploads',
+        { filename: 'a\u0000b.txt', purpose: 'assistants', bytes: 1, mime_type: 'text/plain' },
+        'filename',
+      ],
+      ['/v1/webhooks', { url: 'https://example.com/h', events: ['e\u0000'] }, 'events[0]'],
+    ] as Array<[string, unknown, string]>) {
+      const r = await as(path, body);
+      assert.equal(r.status, 400, `${path}: ${r.text}`);
+      const e = r.body.error as Record<string, unknown>;
+      assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
+    }
+    const uploads = await f.server.services.store.db.select().from(tables.uploads);
+    assert.equal(uploads.length, 0, 'no upload stored with its NUL stripped');
+  });
+
   it('a Responses request with a NUL: 400 naming the field, before any worker runs', async () => {
     const before = await f.server.services.store.db.select().from(tables.usageRecords);
     for (const stream of [false, true]) {
