@@ -16,10 +16,26 @@ import { systemClock } from '../runtime/clock.js';
 import { createLogger } from '../runtime/logger.js';
 import { MemoryTrimmer } from '../runtime/memory-trim.js';
 import { createServices, type Services } from '../runtime/services.js';
+import { createHash } from 'node:crypto';
 import { readFileSync, unwatchFile, watchFile } from 'node:fs';
+import { hostname } from 'node:os';
+import { createSecureContext } from 'node:tls';
 import { join } from 'node:path';
 
 const EMBEDDED_WORKER_ID = 'embedded-demo';
+
+/**
+ * The embedded demo worker's id. With the embedded database one process owns it
+ * (the data directory's lock), so the id is fixed. On a shared PostgreSQL every
+ * instance runs its own embedded worker: each needs its own row, or the last one to
+ * start would point every instance's demo endpoint at its worker, and at nothing once
+ * it stopped. Host and port name the instance, so a restart reuses its row.
+ */
+function embeddedWorkerId(config: Config): string {
+  if (!config.databaseUrl) return EMBEDDED_WORKER_ID;
+  const who = `${hostname()}:${config.port}:${config.dataDir}`;
+  return `${EMBEDDED_WORKER_ID}-${createHash('sha256').update(who).digest('hex').slice(0, 10)}`;
+}
 
 export const ROLES = ['api', 'dispatcher', 'broker', 'dashboard'] as const;
 export type Role = (typeof ROLES)[number];
@@ -88,6 +104,17 @@ export async function serve(argv: string[]): Promise<number> {
   const roles = parseRoles(values.roles ?? env.SWITCHYARD_ROLES);
   const config = loadConfig(env);
   const logger = createLogger(config.logLevel);
+  // Read (and parsed) before anything starts: a missing or broken file is an exit,
+  // not a process that runs on with no listener.
+  let tls: { cert: Buffer; key: Buffer } | undefined;
+  try {
+    tls = config.tlsCertFile && config.tlsKeyFile ? readTls(config) : undefined;
+    if (tls) createSecureContext(tls);
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    process.stderr.write(`switchyard: cannot use the TLS certificate and key: ${reason}\n`);
+    return 1;
+  }
   const services = await createServices(config, {
     clock: systemClock,
     logger,
@@ -102,7 +129,7 @@ export async function serve(argv: string[]): Promise<number> {
     closers.push(() => worker.close());
     const w = await services.workers.upsert(
       {
-        id: EMBEDDED_WORKER_ID,
+        id: embeddedWorkerId(config),
         modelId: demo.endpoint.modelId,
         tierId: DEMO_TIER,
         url: worker.url,
@@ -111,9 +138,10 @@ export async function serve(argv: string[]): Promise<number> {
       new Date(services.clock.now()),
     );
     await services.endpoints.activateWaiting(demo.endpoint.modelId, DEMO_TIER, w.id);
+    // On a shared database the row is this instance's alone: gone when it stops.
+    if (config.databaseUrl) closers.push(async () => void (await services.workers.remove(w.id)));
   }
 
-  const tls = config.tlsCertFile && config.tlsKeyFile ? readTls(config) : undefined;
   // Without the api role the process still answers /healthz, /readyz and /metrics.
   const app = await buildApp(services, {
     ...(tls ? { tls } : {}),

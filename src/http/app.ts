@@ -61,7 +61,10 @@ function plainHttp(
   // A request injected in-process (the dashboard forwarding to the internal path)
   // has no network connection to protect.
   if (!(request.raw.socket instanceof Socket)) return false;
-  return protocol !== 'https' && !PLAIN_HTTP_PATHS.has(request.url.split('?', 1)[0]!);
+  // A scheme is case-insensitive (RFC 3986): a proxy may send `HTTPS`.
+  return (
+    protocol?.toLowerCase() !== 'https' && !PLAIN_HTTP_PATHS.has(request.url.split('?', 1)[0]!)
+  );
 }
 
 /**

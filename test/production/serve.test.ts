@@ -6,7 +6,7 @@
  * their usage is recorded before exit).
  */
 import assert from 'node:assert/strict';
-import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { once } from 'node:events';
@@ -154,6 +154,30 @@ describe('HTTPS and production mode', () => {
     await dispatcher.close();
   });
 
+  it('a TLS file missing or not PEM: exits 1 saying so, before starting anything', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const { certFile } = testCertificate();
+    const key = join(certFile, '..', 'key.pem');
+    const garbage = join(dir, 'garbage.pem');
+    writeFileSync(garbage, 'garbage');
+    for (const [cert, reason] of [
+      [join(dir, 'nope.pem'), /ENOENT/],
+      [garbage, /PEM|certificate/i],
+    ] as const) {
+      const p = serveThatFails({
+        PORT: '0',
+        SWITCHYARD_DATA_DIR: dir,
+        SWITCHYARD_ENV: 'production',
+        SWITCHYARD_TLS_CERT_FILE: cert,
+        SWITCHYARD_TLS_KEY_FILE: key,
+      });
+      assert.equal(await exitCode(p), 1, p.stderr());
+      assert.match(p.stderr(), /cannot use the TLS certificate and key: /);
+      assert.match(p.stderr(), reason);
+    }
+  });
+
   it('a trusted TLS proxy is believed through X-Forwarded-Proto', async () => {
     const dir = tmp();
     dirs.push(dir);
@@ -163,11 +187,13 @@ describe('HTTPS and production mode', () => {
       SWITCHYARD_TRUSTED_PROXIES: '127.0.0.1/32',
     });
     procs.push(p);
-    const r = await http('GET', `${url}/admin/v1/projects`, {
-      auth: `Bearer ${TOKEN}`,
-      headers: { 'x-forwarded-proto': 'https' },
-    });
-    assert.equal(r.status, 200);
+    for (const proto of ['https', 'HTTPS']) {
+      const r = await http('GET', `${url}/admin/v1/projects`, {
+        auth: `Bearer ${TOKEN}`,
+        headers: { 'x-forwarded-proto': proto },
+      });
+      assert.equal(r.status, 200, proto);
+    }
     // Over the trusted proxy's HTTPS, a path refused before routing is a 404 with HSTS.
     const bad = await http('GET', `${url}/%zz`, { headers: { 'x-forwarded-proto': 'https' } });
     assert.equal(bad.status, 404);
