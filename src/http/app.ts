@@ -35,7 +35,7 @@ import { projectRoutes } from '../projects/routes.js';
 import type { Services } from '../runtime/services.js';
 import { ServiceError } from '../errors/index.js';
 import { errorHandler, notFoundHandler, sendError, toServiceError } from './errors.js';
-import { LazyRequestLogger, type Logger } from '../runtime/logger.js';
+import { LazyRequestLogger, logUrl, type Logger } from '../runtime/logger.js';
 
 export interface AppOptions {
   /** Serve HTTPS with this certificate and key (PEM). */
@@ -215,7 +215,7 @@ export async function buildApp(
         {
           request_id: request.id,
           method: request.method,
-          url: request.url.split('?', 1)[0],
+          url: logUrl(request.url),
           status: reply.statusCode,
           ms: Math.round(reply.elapsedTime * 100) / 100,
         },

@@ -426,7 +426,10 @@ export class ChatCompletions {
           // The worker died after its headers: the client has nothing yet, so another
           // worker may answer.
           if (abort.signal.aborted || !this.failover(run)) throw err;
-          this.d.logger.warn({ err, next: run.worker.id }, 'worker failed mid-body; failing over');
+          run.request.log.warn(
+            { err, next: run.worker.id },
+            'worker failed mid-body; failing over',
+          );
         }
       }
       this.d.pool.success(run.worker.id);
@@ -542,7 +545,7 @@ export class ChatCompletions {
                 payload = JSON.parse(ev.data);
               } catch (err) {
                 // A worker bug, not the client's problem: skip the event, but say so.
-                this.d.logger.warn(
+                run.request.log.warn(
                   { err, worker: run.worker.id },
                   'worker sent a non-JSON SSE event',
                 );
@@ -601,7 +604,7 @@ export class ChatCompletions {
         if (!committed && upstreamError === null && (broken !== null || !done)) {
           // The worker died before the first token: nothing was sent, so fail over.
           if (this.failover(run)) {
-            this.d.logger.warn(
+            run.request.log.warn(
               { err: broken, next: run.worker.id },
               'worker stream failed before its first token; failing over',
             );
@@ -612,7 +615,7 @@ export class ChatCompletions {
         commit();
         for (const h of held.splice(0)) raw.write(h);
         if (broken !== null) {
-          this.d.logger.warn({ err: broken, worker: run.worker.id }, 'worker stream failed');
+          run.request.log.warn({ err: broken, worker: run.worker.id }, 'worker stream failed');
           upstreamError = 'The inference worker ended the stream.';
         }
         if (upstreamError !== null || !done) {

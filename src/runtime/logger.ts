@@ -37,6 +37,21 @@ export const REDACT_PATHS = [
   '*.authorization',
 ];
 
+/**
+ * A secret's shape as it would appear in a URL path: API keys (`swy_…`), exec join
+ * keys and user tokens (`swyjk…`, `swyu…`), webhook secrets (`whsec_…`). A client
+ * that puts one in a path (by mistake, or probing) must not have it logged.
+ */
+const SECRET_IN_PATH = /(?:swy|whsec_)[A-Za-z0-9_-]{16,}/g;
+
+/** A request URL as logged: no query string, no secret-shaped path segment. */
+export function logUrl(url: string): string {
+  const path = url.split('?', 1)[0]!;
+  return path.includes('swy') || path.includes('whsec_')
+    ? path.replace(SECRET_IN_PATH, '[REDACTED]')
+    : path;
+}
+
 export function createLogger(level: string, destination?: DestinationStream): Logger {
   let dest = destination;
   if (!dest) {

@@ -157,6 +157,9 @@ describe('API key authentication', () => {
     const key = String(k.body.key);
     assert.equal((await s.call('GET', models(b.projectId), { key })).status, 200);
     await s.call('GET', models(a.projectId), { key });
+    // A key pasted into a path (a client's mistake): its access-log line hides it.
+    await s.call('GET', `/${b.projectId}/v1/keys/${key}`, { key });
+    await s.call('GET', `/${b.projectId}/v1/keys/${key}?q=1`, { key });
     const token = key.split('_').slice(2).join('_');
     for (const table of ['api_keys', 'api_key_secrets', 'projects', 'endpoints', 'settings']) {
       const r = await s.services.store.db.execute(

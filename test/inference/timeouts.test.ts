@@ -158,5 +158,12 @@ describe('a worker that dies mid-stream', () => {
     const rows = await f.server.services.store.db.select().from(tables.usageRecords);
     assert.equal(rows[0]!.status, 'cancelled');
     assert.ok(rows[0]!.completionTokens >= 1);
+    // The warning says which request lost its worker (RELIABILITY.md: the id on every line).
+    const line = f.server.logs.find((l) => l.includes('worker stream failed'));
+    assert.ok(line, 'the failure is logged');
+    assert.equal(
+      (JSON.parse(line) as { request_id?: string }).request_id,
+      res.headers.get('x-request-id'),
+    );
   });
 });
