@@ -103,6 +103,14 @@ export async function serve(argv: string[]): Promise<number> {
   if (values.host) env.HOST = values.host;
   const roles = parseRoles(values.roles ?? env.SWITCHYARD_ROLES);
   const config = loadConfig(env);
+  if (roles.has('dashboard') && !roles.has('api') && !config.routerUrl) {
+    // The dashboard acts through the api role's internal routes: in-process only
+    // when this process has the role, else over HTTP to SWITCHYARD_ROUTER_URL.
+    process.stderr.write(
+      'switchyard serve: the dashboard role without the api role needs SWITCHYARD_ROUTER_URL (an api instance, https:// in production)\n',
+    );
+    return 2;
+  }
   const logger = createLogger(config.logLevel);
   // Read (and parsed) before anything starts: a missing or broken file is an exit,
   // not a process that runs on with no listener.

@@ -439,6 +439,15 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
         ]);
         const manage = scopesOf(m.role).includes('management');
         const root = `/dashboard/projects/${m.externalId}`;
+        // A section the role may not see is left out quietly; any other failure (the
+        // router unreachable or refusing this instance) is said, not shown as empty.
+        const failed = [keys, webhooks, approvals].find(
+          (f) =>
+            f.status >= 400 && (f.body.error as { code?: unknown })?.code !== 'scope_insufficient',
+        );
+        const failure = failed
+          ? String((failed.body.error as { message?: unknown })?.message ?? `HTTP ${failed.status}`)
+          : null;
         return reply.type('text/html; charset=utf-8').send(
           page({
             title: m.project.name,
@@ -447,6 +456,13 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
             body: html`<p class="muted">
                 Project <code>${m.externalId}</code>; your role: ${m.role}.
               </p>
+              ${
+                failure
+                  ? html`<p class="error" role="alert">
+                      Part of this project could not be loaded: ${failure}
+                    </p>`
+                  : null
+              }
               ${keysSection(root, list(keys), manage)}
               ${webhooksSection(root, list(webhooks), manage)}
               ${approvalsSection(root, list(approvals))}`,

@@ -42,6 +42,8 @@ export const catalogue = {
   invalid_type: e(400, 'invalid_request_error', false, 'A request field has the wrong type.'),
   unsupported_value: e(400, 'invalid_request_error', false, 'The value is not supported.'),
   invalid_json: e(400, 'invalid_request_error', false, 'The request body is not valid JSON.'),
+  malformed_request: e(400, 'invalid_request_error', false, 'The HTTP request is malformed.'),
+  headers_too_large: e(431, 'invalid_request_error', false, 'The request headers are too large.'),
   unsupported_media_type: e(
     415,
     'invalid_request_error',

@@ -5,7 +5,9 @@
  * the app closes, new requests get 503 `unavailable` in the error envelope.
  */
 import { randomUUID } from 'node:crypto';
+import { STATUS_CODES } from 'node:http';
 import { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
 import proxyAddr from '@fastify/proxy-addr';
 import Fastify, {
   LogController,
@@ -85,6 +87,37 @@ function forwardedProtocol(
   return (socket as { encrypted?: boolean }).encrypted ? 'https' : 'http';
 }
 
+/**
+ * A request Node's HTTP parser refused (a malformed header line, headers over the
+ * limit, a body longer than its Content-Length, too slow to arrive): no route ever
+ * sees it, so Fastify's default would answer in its own shape. Ours, as everywhere:
+ * the spec's envelope and an X-Request-ID. The connection is closed after it.
+ */
+function clientError(this: FastifyInstance, err: Error & { code?: string }, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const error =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? new ServiceError('headers_too_large', {
+          message: 'The request headers are larger than the server accepts.',
+        })
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? new ServiceError('request_timeout', {
+            message: 'The request did not arrive in time.',
+          })
+        : new ServiceError('malformed_request', {
+            message: `The HTTP request is malformed (${err.code ?? 'parse error'}).`,
+          });
+  const body = JSON.stringify(error.toEnvelope());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\n` +
+        `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+        `X-Request-ID: ${requestId(undefined)}\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(err);
+}
+
 function httpsRequired(): ServiceError {
   return new ServiceError('https_required', {
     message: 'Plain HTTP is refused in production; use https:// (or a trusted TLS proxy).',
@@ -159,6 +192,7 @@ export async function buildApp(
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
     // Ajv and fast-json-stringify load only if a route ever declares a schema.
     schemaController: lazySchemaCompilers,
+    clientErrorHandler: clientError,
     // Paths Fastify refuses before routing (bad percent-encoding, an over-long
     // segment) run no hooks: production's rules are applied here as well.
     frameworkErrors: (err, request, reply) => {

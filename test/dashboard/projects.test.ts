@@ -9,6 +9,9 @@
  *   tampered tokens; API routes refuse the token and the session cookie.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { SignJWT } from 'jose';
 import { scopesOf } from '../../src/dashboard/internal-token.js';
@@ -247,5 +250,52 @@ describe('dashboard projects and the internal path', () => {
     const page = await v.page(root());
     assert.ok(!page.text.includes('<script>alert(1)</script>'));
     assert.match(page.text, /&lt;script&gt;alert\(1\)&lt;\/script&gt;/);
+  });
+});
+
+describe('a dashboard whose router does not answer', () => {
+  let s: TestServer;
+  let p: ExecProject;
+  let router: Server;
+  before(async () => {
+    // The api instance refusing this one (as a plain-HTTP router in production does).
+    router = createServer((_req, res) => {
+      res.writeHead(403, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({
+          error: {
+            message: 'Plain HTTP is refused in production.',
+            type: 'invalid_request_error',
+            code: 'https_required',
+            param: null,
+          },
+        }),
+      );
+    }).listen(0, '127.0.0.1');
+    await once(router, 'listening');
+    const port = (router.address() as AddressInfo).port;
+    s = await startTestServer({ env: { SWITCHYARD_ROUTER_URL: `http://127.0.0.1:${port}` } });
+    p = await seedExecProject(s, 'lost');
+    const u = await s.admin('POST', '/users', {
+      name: 'o',
+      email: 'o@lost.example',
+      password: PASSWORD,
+    });
+    await s.admin('POST', `/projects/lost/members`, { user_id: u.body.id, role: 'owner' });
+  });
+  after(async () => {
+    await s.close();
+    router.close();
+  });
+
+  it('says so on the project page instead of showing empty lists', async () => {
+    const v = new Visitor(s.url);
+    assert.equal(await v.login('o@lost.example', PASSWORD), '/dashboard');
+    const page = await v.page(`/dashboard/projects/${p.projectId}`);
+    assert.equal(page.status, 200);
+    assert.match(
+      page.text,
+      /role="alert">\s*Part of this project could not be loaded: Plain HTTP is refused/,
+    );
   });
 });

@@ -261,6 +261,21 @@ describe('body limit and roles', () => {
     );
   });
 
+  it('--roles dashboard without the api role or SWITCHYARD_ROUTER_URL: exits 2 saying so', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const p = spawnSwitchyard(['serve', '--roles', 'dashboard'], {
+      PORT: '0',
+      LOG_LEVEL: 'fatal',
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_DATA_DIR: dir,
+    });
+    procs.push(p);
+    const [code] = (await once(p.child, 'exit')) as [number | null];
+    assert.equal(code, 2, p.stderr());
+    assert.match(p.stderr(), /dashboard role without the api role needs SWITCHYARD_ROUTER_URL/);
+  });
+
   it('gives freed native memory back once quiet, and counts it in /metrics', async () => {
     const dir = tmp();
     dirs.push(dir);
