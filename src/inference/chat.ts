@@ -111,6 +111,8 @@ export interface ChatDeps {
 /** With tracing on: each request's SERVER span and its current upstream CLIENT span. */
 const serverSpans = new WeakMap<FastifyRequest, Span>();
 const clientSpans = new WeakMap<FastifyRequest, Span>();
+/** The worker of each request's latest upstream attempt, for its SERVER span. */
+const attemptWorker = new WeakMap<FastifyRequest, string>();
 
 /** Request fields that stay with the router and are not forwarded to workers. */
 const ROUTER_ONLY_FIELDS = [
@@ -177,8 +179,9 @@ export class ChatCompletions {
     serverSpans.set(request, span);
     reply.raw.once('close', () => {
       clientSpans.get(request)?.end();
-      const worker = reply.getHeader('x-service-worker-id');
-      t.end(span, reply.statusCode, worker ? { 'switchyard.worker.id': String(worker) } : {});
+      // The worker of the last attempt (a stream writes its headers past Fastify's reply).
+      const worker = attemptWorker.get(request);
+      t.end(span, reply.statusCode, worker ? { 'switchyard.worker.id': worker } : {});
     });
     return this.serve(request, reply);
   };
@@ -189,6 +192,7 @@ export class ChatCompletions {
     const parent = t ? serverSpans.get(run.request) : undefined;
     if (!t || !parent) return undefined;
     clientSpans.get(run.request)?.end();
+    attemptWorker.set(run.request, run.worker.id);
     const span = t.clientSpan('upstream POST /chat/completions', parent, {
       'switchyard.worker.id': run.worker.id,
       'server.address': run.worker.url,

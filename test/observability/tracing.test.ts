@@ -116,6 +116,24 @@ describe('OpenTelemetry traces', () => {
     assert.equal(attr(worker, 'http.response.status_code'), 200);
   });
 
+  it('a streamed request: its SERVER span names the worker too', async () => {
+    const traceId = '5bf92f3577b34da6a3ce929d0e0e4736';
+    const client = new OpenAI({ apiKey: f.key, baseURL: f.baseURL, maxRetries: 0 });
+    const { data, response } = await client.chat.completions
+      .create(
+        { model: 'x', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4, stream: true },
+        { headers: { traceparent: `00-${traceId}-00f067aa0ba902b7-01` } },
+      )
+      .withResponse();
+    for await (const _ of data) void _;
+    await f.server.services.tracing!.flush();
+    const server = col.spans.find(
+      (s) => s.traceId === traceId && attr(s, 'test.service') === 'test-router' && s.kind === 2,
+    );
+    assert.ok(server);
+    assert.equal(attr(server, 'switchyard.worker.id'), response.headers.get('x-service-worker-id'));
+  });
+
   it('a refused request is traced with its status', async () => {
     const r = await fetch(`${f.baseURL}/chat/completions`, {
       method: 'POST',
