@@ -5,6 +5,7 @@
  */
 import { parseArgs } from 'node:util';
 import { loadConfig, type Config } from '../config/index.js';
+import { ADMIN_TOKEN_FILE } from '../http/admin-auth.js';
 import { buildApp } from '../http/app.js';
 import {
   DEMO_CONTEXT_WINDOW,
@@ -17,12 +18,15 @@ import { createLogger } from '../runtime/logger.js';
 import { MemoryTrimmer } from '../runtime/memory-trim.js';
 import { createServices, type Services } from '../runtime/services.js';
 import { createHash } from 'node:crypto';
-import { readFileSync, unwatchFile, watchFile } from 'node:fs';
+import { readFileSync, unwatchFile, watchFile, writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { createSecureContext } from 'node:tls';
 import { join } from 'node:path';
 
 const EMBEDDED_WORKER_ID = 'embedded-demo';
+
+/** Where a production start without a terminal leaves the demo key (printBanner). */
+const DEMO_KEY_FILE = 'demo-api-key';
 
 /**
  * The embedded demo worker's id. With the embedded database one process owns it
@@ -365,21 +369,33 @@ function printBanner(
   roles: Set<Role>,
 ): void {
   const out: string[] = [];
+  const everywhere = config.host === '0.0.0.0' || config.host === '::';
   out.push(
-    `Switchyard listening on ${base} (${config.env} mode, storage: ${s.store.driver}, roles: ${[...roles].join(',')})`,
+    `Switchyard listening on ${base}${everywhere ? ` (bound to ${config.host}: every interface)` : ''} (${config.env} mode, storage: ${s.store.driver}, roles: ${[...roles].join(',')})`,
   );
   if (config.env === 'development') {
     out.push(
-      'Development mode: plain HTTP is allowed. Set SWITCHYARD_ENV=production to require HTTPS.',
+      everywhere
+        ? 'Development mode: plain HTTP is allowed, on every interface. Set SWITCHYARD_ENV=production to require HTTPS.'
+        : 'Development mode: plain HTTP is allowed. Set SWITCHYARD_ENV=production to require HTTPS.',
     );
   }
+  // In production stdout is what the log collector keeps: secrets go to files of the
+  // data directory (mode 0600) instead, unless a person is reading the terminal.
+  const toFile = config.env === 'production' && !process.stdout.isTTY;
   if (roles.has('dashboard')) {
     out.push(`Dashboard: ${base}/login (users and passwords: switchyard admin user create)`);
   }
   if (s.generatedAdminToken) {
     out.push('');
-    out.push('Operator token (shown once; also saved to the data directory with mode 0600):');
-    out.push(`  ${s.generatedAdminToken}`);
+    if (toFile) {
+      out.push(
+        `Operator token generated; saved to ${join(config.dataDir, ADMIN_TOKEN_FILE)} (mode 0600), not printed.`,
+      );
+    } else {
+      out.push('Operator token (shown once; also saved to the data directory with mode 0600):');
+      out.push(`  ${s.generatedAdminToken}`);
+    }
   }
   if (demo) {
     const pid = demo.project.externalId;
@@ -387,8 +403,13 @@ function printBanner(
     out.push('');
     out.push(`Demo project: ${pid}   endpoint: ${slug}   model: ${demo.endpoint.modelName}`);
     out.push(`Endpoint base URL: ${base}/${pid}/${slug}/v1`);
-    const key = demo.key ?? '<your API key>';
-    if (demo.key) {
+    const key = demo.key && !toFile ? demo.key : '<your API key>';
+    if (demo.key && toFile) {
+      const file = join(config.dataDir, DEMO_KEY_FILE);
+      writeFileSync(file, `${demo.key}\n`, { mode: 0o600 });
+      out.push('');
+      out.push(`Demo API key created; saved to ${file} (mode 0600), not printed.`);
+    } else if (demo.key) {
       out.push('');
       out.push('Demo API key (shown once, store it now):');
       out.push(`  ${demo.key}`);

@@ -6,7 +6,7 @@
  * their usage is recorded before exit).
  */
 import assert from 'node:assert/strict';
-import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { once } from 'node:events';
@@ -176,6 +176,38 @@ describe('HTTPS and production mode', () => {
       assert.match(p.stderr(), /cannot use the TLS certificate and key: /);
       assert.match(p.stderr(), reason);
     }
+  });
+
+  it('production without a terminal: secrets go to 0600 files of the data directory, not stdout', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const p = spawnSwitchyard(['serve'], {
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ENV: 'production',
+      SWITCHYARD_DEMO_ENGINE: 'sim',
+      SWITCHYARD_TRUSTED_PROXIES: '127.0.0.1/32',
+    });
+    procs.push(p);
+    const url = (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
+    await p.waitFor(/Demo API key created; saved to (\S+) \(mode 0600\), not printed/);
+    const out = p.stdout();
+    assert.match(
+      out,
+      /Operator token generated; saved to \S+admin-token \(mode 0600\), not printed/,
+    );
+    const key = readFileSync(join(dir, 'demo-api-key'), 'utf8').trim();
+    const token = readFileSync(join(dir, 'admin-token'), 'utf8').trim();
+    assert.equal(statSync(join(dir, 'demo-api-key')).mode & 0o777, 0o600);
+    assert.ok(!out.includes(key) && !out.includes(token), 'no secret on stdout');
+    assert.ok(!p.stderr().includes(key) && !p.stderr().includes(token), 'nor on stderr');
+    const projectId = out.match(/Demo project: (proj_[0-9a-f]+)/)![1]!;
+    const r = await http('GET', `${url}/${projectId}/v1/endpoints`, {
+      auth: `Bearer ${key}`,
+      headers: { 'x-forwarded-proto': 'https' },
+    });
+    assert.equal(r.status, 200, r.text);
   });
 
   it('a trusted TLS proxy is believed through X-Forwarded-Proto', async () => {
