@@ -48,6 +48,15 @@ P is a project's external id (proj_...) or slug.
 
 class CliError extends Error {}
 
+/** The commands whose positional ID is required, and what the ID names. */
+const ID_COMMANDS: Record<string, 'worker' | 'key'> = {
+  'worker remove': 'worker',
+  'worker drain': 'worker',
+  'worker resume': 'worker',
+  'key rotate': 'key',
+  'key revoke': 'key',
+};
+
 type Json = Record<string, unknown>;
 
 interface Ctx {
@@ -172,6 +181,15 @@ export async function admin(argv: string[]): Promise<number> {
     process.stdout.write(USAGE);
     return o.help ? 0 : 2;
   }
+  // Commands that act on one record name it: without it, the usage (exit 2), not a
+  // request for an empty id.
+  const [resource, action, arg, arg2] = positionals;
+  const command = `${resource} ${action}`;
+  const idOf = ID_COMMANDS[command];
+  if (idOf && !(arg ?? (idOf === 'worker' ? o.id : undefined))) {
+    process.stderr.write(`switchyard admin: ${command}: the ${idOf} ID is required\n\n${USAGE}`);
+    return 2;
+  }
   const config = loadConfig();
   const token = o.token ?? config.adminToken ?? readStoredAdminToken(config.dataDir) ?? '';
   if (!token && positionals[0] !== 'webhook') {
@@ -188,7 +206,6 @@ export async function admin(argv: string[]): Promise<number> {
     token,
     json: o.json ?? false,
   };
-  const [resource, action, arg, arg2] = positionals;
   const apiKey = o.key ?? process.env.SWITCHYARD_API_KEY;
   const hook = (method: string, path: string, body?: Json) => {
     if (!apiKey)
@@ -203,7 +220,7 @@ export async function admin(argv: string[]): Promise<number> {
     let human: (r: Json) => string;
     const listOf = (cols: string[]) => (r: Json) => table((r.data as Json[]) ?? [], cols);
     const record = (cols: string[]) => (r: Json) => table([r], cols);
-    switch (`${resource} ${action}`) {
+    switch (command) {
       case 'project create':
         result = await call(ctx, 'POST', '/projects', {
           slug: need('slug', o.slug),

@@ -95,6 +95,12 @@ export async function worker(argv: string[]): Promise<number> {
     process.stderr.write(`switchyard worker: ${(err as Error).message}\n`);
     return 2;
   }
+  // As the router's registration route: a whole number of requests, at least 1.
+  const capacity = values.capacity !== undefined ? Number(values.capacity) : undefined;
+  if (capacity !== undefined && !(Number.isSafeInteger(capacity) && capacity >= 1)) {
+    process.stderr.write(`switchyard worker: --capacity must be a positive integer\n\n${USAGE}`);
+    return 2;
+  }
   const token = values.token ?? process.env.SWITCHYARD_WORKER_TOKEN;
   const schedulingPolicy = values['scheduling-policy'];
   if (schedulingPolicy !== 'fcfs' && schedulingPolicy !== 'priority') {
@@ -130,8 +136,6 @@ export async function worker(argv: string[]): Promise<number> {
       return 2;
     }
   }
-  const capacity =
-    values.capacity !== undefined ? Math.floor(num('capacity', values.capacity, 0)) : undefined;
   /** Registers when asked, then serves until SIGTERM/SIGINT (draining first). */
   const serve = async (
     w: { url: string; server: Server; close(): Promise<void> },

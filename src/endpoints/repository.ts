@@ -11,7 +11,7 @@
  * Deleted endpoints are soft-deleted and never listed.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, inArray, isNull } from 'drizzle-orm';
+import { and, asc, eq, inArray, isNull, sql } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
@@ -217,10 +217,12 @@ export class EndpointRepository {
   }
 
   async update(projectId: string, id: string, patch: EndpointPatch): Promise<Endpoint | null> {
-    if (Object.keys(patch).length > 0) {
+    // Fields left out of a PATCH arrive as `undefined`: an empty change reads the record.
+    const set = Object.fromEntries(Object.entries(patch).filter(([, v]) => v !== undefined));
+    if (Object.keys(set).length > 0) {
       await this.db
         .update(endpoints)
-        .set(patch)
+        .set(set)
         .where(
           and(
             eq(endpoints.projectId, projectId),
@@ -230,6 +232,21 @@ export class EndpointRepository {
         );
     }
     return this.get(projectId, id);
+  }
+
+  /** A live endpoint (any project) on the custom domain, compared without case. */
+  async findByCustomDomain(domain: string): Promise<{ id: string } | null> {
+    const rows = await this.db
+      .select({ id: endpoints.id })
+      .from(endpoints)
+      .where(
+        and(
+          sql`lower(${endpoints.customDomain}) = ${domain.toLowerCase()}`,
+          isNull(endpoints.deletedAt),
+        ),
+      )
+      .limit(1);
+    return rows[0] ?? null;
   }
 
   async softDelete(projectId: string, id: string, now: Date): Promise<boolean> {

@@ -40,9 +40,12 @@ import { TIER_IDS } from '../tiers/index.js';
 
 const registerBody = z
   .object({
-    model: z.string().min(1),
+    model: z.string().min(1).max(200),
     tier: z.enum(TIER_IDS),
-    url: z.url({ protocol: /^https?$/ }).refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
+    url: z
+      .url({ protocol: /^https?$/ })
+      .max(2048)
+      .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
     capacity: z.number().int().min(1).max(1_000_000).optional(),
     scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
     id: z

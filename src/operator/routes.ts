@@ -6,12 +6,12 @@
 import { passwordProblem } from '../dashboard/passwords.js';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { z } from 'zod';
-import { toEndpointRecord, ENDPOINT_STATUSES } from '../endpoints/repository.js';
+import { provisioningFor, toEndpointRecord } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
 import { SLUG_PATTERN } from '../keys/index.js';
 import { CAPABILITIES, operatorModel } from '../models/repository.js';
-import { publicProject, type Project } from '../projects/repository.js';
+import { MAX_CREDIT_CENTS, publicProject, type Project } from '../projects/repository.js';
 import { newWorkerId, publicWorker, SCHEDULING_POLICIES } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
@@ -20,12 +20,36 @@ import { TIER_IDS, type TierId } from '../tiers/index.js';
 const slug = z.string().regex(SLUG_PATTERN, 'must be lowercase letters, digits and dashes');
 /** `v1` would shadow the project-level routes (`/<project_id>/v1/...`). */
 const endpointSlug = slug.refine((v) => v !== 'v1', 'v1 is reserved');
+/** Credit in cents: an exact integer in JSON (see MAX_CREDIT_CENTS). */
+const creditCents = z.number().int().min(0).max(MAX_CREDIT_CENTS);
+/** A model name's limit (the Models API's too). */
+const MODEL_NAME_MAX = 200;
+const workerUrl = z
+  .url({ protocol: /^https?$/ })
+  .max(2048)
+  .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1');
+/** A DNS hostname (letters, digits and dashes in dot-separated labels), kept in lower case. */
+const customDomain = z
+  .string()
+  .max(253)
+  .regex(
+    /^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))+$/,
+    'must be a hostname such as api.example.com',
+  )
+  .transform((d) => d.toLowerCase());
+/** Capabilities, each at most once (as key scopes). */
+const capabilityList = z.array(z.enum(CAPABILITIES)).superRefine((a, ctx) => {
+  a.forEach((c, i) => {
+    if (a.indexOf(c) !== i)
+      ctx.addIssue({ code: 'custom', message: 'repeats a capability', path: [i] });
+  });
+});
 
 const createProjectBody = z
   .object({
     slug,
     name: z.string().min(1).max(200),
-    credit_cents: z.number().int().min(0).optional(),
+    credit_cents: creditCents.optional(),
   })
   .strict();
 
@@ -37,7 +61,7 @@ const createModelBody = z
       .max(200)
       .regex(/^[A-Za-z0-9._:/-]+$/, 'must be letters, digits and . _ : / -'),
     context_window: z.number().int().min(16).max(10_000_000),
-    capabilities: z.array(z.enum(CAPABILITIES)).default([]),
+    capabilities: capabilityList.default([]),
     owned_by: z.string().min(1).max(200).optional(),
     prompt_price_cents_per_mtok: z.number().int().min(0).max(100_000_000).optional(),
     completion_price_cents_per_mtok: z.number().int().min(0).max(100_000_000).optional(),
@@ -47,17 +71,17 @@ const createModelBody = z
 const patchProjectBody = z
   .object({
     name: z.string().min(1).max(200).optional(),
-    credit_cents: z.number().int().min(0).optional(),
-    add_credit_cents: z.number().int().min(1).optional(),
+    credit_cents: creditCents.optional(),
+    add_credit_cents: creditCents.min(1).optional(),
     billing_status: z.enum(['active', 'delinquent']).optional(),
   })
   .strict();
 
 const createWorkerBody = z
   .object({
-    model: z.string().min(1),
+    model: z.string().min(1).max(MODEL_NAME_MAX),
     tier: z.enum(TIER_IDS),
-    url: z.url({ protocol: /^https?$/ }).refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
+    url: workerUrl,
     scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
     id: z
       .string()
@@ -74,17 +98,21 @@ const createEndpointBody = z
     tier: z.enum(TIER_IDS),
     max_requests_per_minute: z.number().int().min(1).max(2_147_483_647).optional(),
     max_tokens_per_minute: z.number().int().min(1).max(2_147_483_647).optional(),
-    custom_domain: z.string().min(1).max(253).nullable().optional(),
+    custom_domain: customDomain.nullable().optional(),
   })
   .strict();
 
+/**
+ * The monitor owns every status but `suspended`: an operator suspends an endpoint,
+ * and `active` lifts the suspension (the record then shows what its pool gives).
+ */
 const patchEndpointBody = z
   .object({
     name: z.string().min(1).max(200).optional(),
-    status: z.enum(ENDPOINT_STATUSES).optional(),
+    status: z.enum(['active', 'suspended']).optional(),
     max_requests_per_minute: z.number().int().min(1).max(2_147_483_647).optional(),
     max_tokens_per_minute: z.number().int().min(1).max(2_147_483_647).optional(),
-    custom_domain: z.string().min(1).max(253).nullable().optional(),
+    custom_domain: customDomain.nullable().optional(),
   })
   .strict();
 
@@ -101,6 +129,8 @@ function list<T>(data: T[]) {
 export function operatorRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     app.addHook('onRequest', async (request) => {
+      // An unknown path answers 404 as anywhere else, token or not.
+      if (request.routeOptions.url === `${app.prefix}/*`) return;
       s.adminAuth.check(request.headers.authorization);
     });
 
@@ -119,6 +149,25 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       throw err;
     }
 
+    /** What an endpoint of (model, tier) shows now (ROUTING.md, "Endpoint provisioning"). */
+    async function provisioning(modelId: string, tierId: string, current: string | null) {
+      const pool = await s.workers.list({ modelId, tierId });
+      const healthy = pool.filter((w) => w.status === 'healthy').map((w) => w.id);
+      return provisioningFor({ healthy, registered: pool.length }, current);
+    }
+
+    /** 409 when another live endpoint has the custom domain. */
+    async function domainFree(domain: string | null | undefined, self?: string): Promise<void> {
+      if (!domain) return;
+      const other = await s.endpoints.findByCustomDomain(domain);
+      if (other && other.id !== self) {
+        throw new ServiceError('conflict', {
+          message: `The custom domain '${domain}' is taken by another endpoint.`,
+          param: 'custom_domain',
+        });
+      }
+    }
+
     // Projects.
     app.post('/projects', async (request, reply) => {
       const body = parseBody(createProjectBody, request.body);
@@ -133,13 +182,20 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
     );
     app.patch<{ Params: { project: string } }>('/projects/:project', async (request) => {
       const p = await project(request.params.project);
-      const body = parseBody(patchProjectBody, request.body);
+      // Every field is optional: no body changes nothing.
+      const body = parseBody(patchProjectBody, request.body ?? {});
       const updated = await s.projects.update(p.id, {
         name: body.name,
         creditCents: body.credit_cents,
         addCreditCents: body.add_credit_cents,
         billingStatus: body.billing_status,
       });
+      if (updated === 'over_limit') {
+        throw new ServiceError('invalid_body', {
+          message: `Invalid 'add_credit_cents': the credit would exceed ${MAX_CREDIT_CENTS} cents.`,
+          param: 'add_credit_cents',
+        });
+      }
       await s.bus.publish('project', p.id);
       return publicProject(updated!);
     });
@@ -181,12 +237,20 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
           param: 'id',
         });
       }
+      const url = body.url.replace(/\/$/, '');
+      const same = await s.workers.findStatic(model.id, body.tier, url);
+      if (same) {
+        throw new ServiceError('conflict', {
+          message: `The static worker '${same.id}' already serves ${body.model} on ${body.tier} at ${url}.`,
+          param: 'url',
+        });
+      }
       const w = await s.workers.upsert(
         {
           id,
           modelId: model.id,
           tierId: body.tier,
-          url: body.url.replace(/\/$/, ''),
+          url,
           source: 'static',
           schedulingPolicy: body.scheduling_policy ?? 'fcfs',
         },
@@ -226,8 +290,8 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
           tier?.requestsPerMinute != null
             ? tier.requestsPerMinute + (tier.burst ?? 0)
             : UNLIMITED_RPM_DEFAULT;
-        const pool = await s.workers.list({ modelId: model.id, tierId: body.tier });
-        const worker = pool[0];
+        await domainFree(body.custom_domain);
+        const state = await provisioning(model.id, body.tier, null);
         const e = await s.endpoints
           .create(
             {
@@ -239,13 +303,13 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
               maxRequestsPerMinute: body.max_requests_per_minute ?? defaultRpm,
               maxTokensPerMinute: body.max_tokens_per_minute ?? DEFAULT_TPM,
               customDomain: body.custom_domain ?? null,
-              status: worker ? 'active' : 'provisioning',
-              provisioningState: worker ? 'ready' : 'waiting_for_worker',
-              provisionedWorkerId: worker?.id ?? null,
+              ...state,
             },
             now(),
           )
           .catch((err: unknown) => conflict(err, `Endpoint '${body.slug}'`, 'slug'));
+        // A request to this slug just before may have cached "no such endpoint".
+        await s.bus.publish('endpoint', e.id);
         return reply.code(201).send(toEndpointRecord(e));
       },
     );
@@ -257,15 +321,20 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       '/projects/:project/endpoints/:endpoint',
       async (request) => {
         const p = await project(request.params.project);
-        const body = parseBody(patchEndpointBody, request.body);
+        const body = parseBody(patchEndpointBody, request.body ?? {});
         const e = await s.endpoints.get(p.id, request.params.endpoint);
         if (!e) throw new ServiceError('endpoint_not_found');
+        await domainFree(body.custom_domain, e.id);
         const updated = await s.endpoints.update(p.id, e.id, {
           name: body.name,
           status: body.status,
           maxRequestsPerMinute: body.max_requests_per_minute,
           maxTokensPerMinute: body.max_tokens_per_minute,
           customDomain: body.custom_domain,
+          // Out of a suspension: the status its pool gives, as at creation.
+          ...(body.status === 'active'
+            ? await provisioning(e.modelId, e.tierId, e.provisionedWorkerId)
+            : {}),
         });
         if (!updated) throw new ServiceError('endpoint_not_found');
         await s.bus.publish('endpoint', updated.id);
@@ -378,6 +447,14 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         return s.keyService.revoke(p.id, request.params.id);
       },
     );
+
+    // Anything else under /admin/v1 is unknown here, not a project route with the
+    // project id `admin` (which would answer 401 for want of an API key).
+    app.all('/*', async (request) => {
+      throw new ServiceError('route_not_found', {
+        message: `Unknown route: ${request.method} ${request.url.split('?')[0]}`,
+      });
+    });
   };
 }
 

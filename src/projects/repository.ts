@@ -20,6 +20,12 @@ export interface Project {
 
 export const MICROCENTS_PER_CENT = 1_000_000;
 
+/**
+ * The most credit a project holds: balances are reckoned in micro-cents, and credit ×
+ * 10^6 stays an exact integer up to here (about $90 million; no top-up goes past it).
+ */
+export const MAX_CREDIT_CENTS = Math.floor(Number.MAX_SAFE_INTEGER / MICROCENTS_PER_CENT);
+
 /** Credit left in micro-cents; zero or less means `insufficient_quota`. */
 export function remainingMicrocents(p: { creditCents: number; spentMicrocents: number }): number {
   return p.creditCents * MICROCENTS_PER_CENT - p.spentMicrocents;
@@ -111,6 +117,10 @@ export class ProjectRepository {
     return rows[0] ?? null;
   }
 
+  /**
+   * Changes a project; `over_limit` (and nothing changed) when `addCreditCents` would
+   * take the credit past MAX_CREDIT_CENTS, judged in the same statement as the add.
+   */
   async update(
     id: string,
     patch: {
@@ -119,16 +129,27 @@ export class ProjectRepository {
       addCreditCents?: number;
       billingStatus?: 'active' | 'delinquent';
     },
-  ): Promise<Project | null> {
+  ): Promise<Project | null | 'over_limit'> {
     const set: Record<string, unknown> = {};
     if (patch.name !== undefined) set.name = patch.name;
     if (patch.creditCents !== undefined) set.creditCents = patch.creditCents;
-    if (patch.addCreditCents !== undefined) {
-      set.creditCents = sql`${projects.creditCents} + ${patch.addCreditCents}`;
-    }
+    const add = patch.addCreditCents;
+    if (add !== undefined) set.creditCents = sql`${projects.creditCents} + ${add}`;
     if (patch.billingStatus !== undefined) set.billingStatus = patch.billingStatus;
     if (Object.keys(set).length > 0) {
-      await this.db.update(projects).set(set).where(eq(projects.id, id));
+      const rows = await this.db
+        .update(projects)
+        .set(set)
+        .where(
+          and(
+            eq(projects.id, id),
+            add !== undefined
+              ? sql`${projects.creditCents} <= ${MAX_CREDIT_CENTS - add}`
+              : undefined,
+          ),
+        )
+        .returning({ id: projects.id });
+      if (rows.length === 0 && add !== undefined && (await this.getById(id))) return 'over_limit';
     }
     return this.getById(id);
   }

@@ -8,9 +8,9 @@
  * context window or capabilities, `DELETE /models/{model}` deletes it (OpenAI's
  * `{id, object: "model", deleted: true}`). Only the project that created a model
  * changes it: a platform model is 403 `model_not_owned`, another project's is 404
- * `model_not_found` (it is not visible). A model a live endpoint uses is not deleted
- * (409 `model_in_use`). A key bound to one endpoint may read models but not write
- * them (403 `endpoint_restricted`), as with the key API.
+ * `model_not_found` (it is not visible). A model a live endpoint or a worker uses is
+ * not deleted (409 `model_in_use`). A key bound to one endpoint may read models but
+ * not write them (403 `endpoint_restricted`), as with the key API.
  *
  * The endpoint listing needs any valid key of the project. The endpoint-level
  * `/<project_id>/<endpoint_slug>/v1/models` lets SDK clients configured with an
@@ -184,6 +184,12 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
         if (using.length > 0) {
           throw new ServiceError('model_in_use', {
             message: `The model '${m.name}' serves the endpoint '${using[0]!.slug}'; delete the endpoint first.`,
+          });
+        }
+        const workers = await s.workers.list({ modelId: m.id });
+        if (workers.length > 0) {
+          throw new ServiceError('model_in_use', {
+            message: `The worker '${workers[0]!.id}' serves the model '${m.name}'; remove the worker first.`,
           });
         }
         if (!(await s.models.softDelete(m.id, new Date(s.clock.now())))) throw notFound(m.name);

@@ -172,6 +172,24 @@ export class WorkerRegistry {
     return rows[0] ?? null;
   }
 
+  /** A static worker of (model, tier) at this URL: a second one would be the same server twice. */
+  async findStatic(modelId: string, tierId: string, url: string): Promise<WorkerRecord | null> {
+    const rows = await this.db
+      .select(columns)
+      .from(workers)
+      .innerJoin(models, eq(models.id, workers.modelId))
+      .where(
+        and(
+          eq(workers.modelId, modelId),
+          eq(workers.tierId, tierId),
+          eq(workers.url, url),
+          eq(workers.source, 'static'),
+        ),
+      )
+      .limit(1);
+    return rows[0] ?? null;
+  }
+
   /** Records a heartbeat; null when the worker is unknown (removed: it must register again). */
   async heartbeat(id: string, now: Date): Promise<WorkerRecord | null> {
     const rows = await this.db

@@ -89,16 +89,34 @@ describe('project read routes', () => {
   });
 
   it('GET /<project_id>/v1/endpoints lists every status and never deleted endpoints', async () => {
-    for (const status of ['provisioning', 'suspended', 'error']) {
+    // The pool gives `provisioning` (no worker) and `error` (its only worker draining);
+    // `suspended` is the operator's.
+    const w = await s.admin('POST', '/workers', {
+      model: 'second',
+      tier: 'gpu',
+      url: 'http://127.0.0.1:9/v1',
+    });
+    assert.equal(w.status, 201, w.text);
+    assert.equal((await s.admin('POST', `/workers/${String(w.body.id)}/drain`)).status, 200);
+    for (const [status, tier] of [
+      ['provisioning', 'free'],
+      ['suspended', 'free'],
+      ['error', 'gpu'],
+    ] as const) {
       const e = await s.admin('POST', '/projects/shapes/endpoints', {
         slug: status,
         name: status,
         model: 'second',
-        tier: 'free',
+        tier,
       });
       assert.equal(e.status, 201, e.text);
-      const u = await s.admin('PATCH', `/projects/shapes/endpoints/${status}`, { status });
-      assert.equal(u.status, 200, u.text);
+      if (status === 'suspended') {
+        const u = await s.admin('PATCH', `/projects/shapes/endpoints/${status}`, { status });
+        assert.equal(u.status, 200, u.text);
+      }
+      const got = await s.admin('GET', '/projects/shapes/endpoints');
+      const row = (got.body.data as Array<Record<string, unknown>>).find((x) => x.slug === status);
+      assert.equal(row?.status, status);
     }
     const gone = await s.admin('POST', '/projects/shapes/endpoints', {
       slug: 'gone',

@@ -200,6 +200,12 @@ describe('Models API writes', () => {
     assert.equal(err(inUse).code, 'model_in_use');
     assert.match(err(inUse).message, /emb/);
     assert.equal((await f.server.admin('DELETE', '/projects/inf/endpoints/emb')).status, 200);
+    // A worker still serves it.
+    const served = await call('DELETE', `${models()}/team/embedder`);
+    assert.equal(served.status, 409);
+    assert.equal(err(served).code, 'model_in_use');
+    assert.match(err(served).message, /sim-emb/);
+    assert.equal((await f.server.admin('DELETE', '/workers/sim-emb')).status, 200);
 
     const platform = await sdk.models.delete('sim-model').then(
       () => null,
