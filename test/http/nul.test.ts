@@ -110,6 +110,10 @@ describe('NUL characters from clients', () => {
       const e = r.body.error as Record<string, unknown>;
       assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
     }
+    // The operator API alike.
+    const op = await f.server.admin('POST', '/projects', { slug: 'nul', name: 'a\u0000b' });
+    assert.equal(op.status, 400, op.text);
+    assert.equal((op.body.error as Record<string, unknown>).param, 'name');
     const uploads = await f.server.services.store.db.select().from(tables.uploads);
     assert.equal(uploads.length, 0, 'no upload stored with its NUL stripped');
   });
