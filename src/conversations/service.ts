@@ -216,7 +216,9 @@ export class ConversationService {
       .where(and(eq(conversationItems.conversationId, id), eq(conversationItems.id, itemId)))
       .limit(1);
     if (!rows[0]) {
-      throw new ServiceError('item_not_found', { message: `No item '${itemId}' in this conversation.` });
+      throw new ServiceError('item_not_found', {
+        message: `No item '${itemId}' in this conversation.`,
+      });
     }
     return rows[0].item as Item;
   }
@@ -229,7 +231,9 @@ export class ConversationService {
       .where(and(eq(conversationItems.conversationId, id), eq(conversationItems.id, itemId)))
       .returning({ id: conversationItems.id });
     if (!gone[0]) {
-      throw new ServiceError('item_not_found', { message: `No item '${itemId}' in this conversation.` });
+      throw new ServiceError('item_not_found', {
+        message: `No item '${itemId}' in this conversation.`,
+      });
     }
     return toObject(row);
   }

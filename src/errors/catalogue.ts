@@ -72,6 +72,12 @@ export const catalogue = {
   conversation_not_found: e(404, 'invalid_request_error', false, 'No such conversation.'),
   item_not_found: e(404, 'invalid_request_error', false, 'No such item in this conversation.'),
   response_not_found: e(404, 'invalid_request_error', false, 'No such response.'),
+  chat_completion_not_found: e(
+    404,
+    'invalid_request_error',
+    false,
+    'No such stored chat completion.',
+  ),
   budget_alert_not_found: e(404, 'invalid_request_error', false, 'No such budget alert.'),
   route_not_found: e(404, 'invalid_request_error', false, 'Unknown route.'),
   method_not_allowed: e(405, 'invalid_request_error', false, 'Method not allowed.'),

@@ -24,6 +24,7 @@ import { responsesRoutes } from '../responses/routes.js';
 import { conversationRoutes } from '../conversations/routes.js';
 import { fileRoutes } from '../files/routes.js';
 import { inferenceRoutes } from '../inference/routes.js';
+import { storedCompletionRoutes } from '../completions/routes.js';
 import { emptyJsonIsObject } from './json-body.js';
 import { lazySchemaCompilers } from './schema-compilers.js';
 import { keyRoutes } from '../keys/routes.js';
@@ -286,6 +287,7 @@ export async function buildApp(
   await app.register(sloRoutes(services));
   await app.register(execRoutes(services));
   await app.register(inferenceRoutes(services));
+  await app.register(storedCompletionRoutes(services));
   await app.register(embeddingRoutes(services));
   await app.register(responsesRoutes(services));
   await app.register(conversationRoutes(services));

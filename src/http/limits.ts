@@ -15,8 +15,9 @@
  * A refusal is 429 `rate_limit_exceeded` with `Retry-After` and, inside the
  * error object, `retry_after` and `retry_strategy`.
  *
- * Management routes (batch, conversations, files, uploads, webhooks, SLOs):
- * one fixed 60 per rolling minute per project; inference never counts here.
+ * Management routes (batch, conversations, stored chat completions, files, uploads,
+ * webhooks, SLOs): one fixed 60 per rolling minute per project; inference never
+ * counts here.
  *
  * If the limiter backend (Redis) fails, limits fail open by default (requests
  * flow, a warning is logged) or closed with SWITCHYARD_LIMITS_FAIL=closed (503).

@@ -29,12 +29,18 @@
  *
  * `x_exec: true` (scope `execution` too) hands the rounds to the tool bridge
  * (bridge.ts), which reuses this module's upstream path and usage record.
+ *
+ * `store: true`: a completed request's answer (the JSON text sent, or the streamed
+ * chunks assembled) is handed to src/completions, which writes it after the answer
+ * has left. Without it nothing is allocated or awaited for storing.
  */
 import type { Span, Tracing } from '../runtime/tracing.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { costMicrocents, type BillingGate } from '../billing/gate.js';
 import type { UsageRecorder } from '../billing/usage-recorder.js';
+import { CompletionAssembler } from '../completions/assemble.js';
+import type { StoredCompletions } from '../completions/service.js';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import type { ExecService } from '../exec/service.js';
@@ -92,6 +98,8 @@ export interface ChatDeps {
   pool: WorkerPool;
   upstream: UpstreamClient;
   usage: UsageRecorder;
+  /** Where `store: true` completions are kept (src/completions); absent: not stored. */
+  completions?: StoredCompletions;
   billing: BillingGate;
   limits: Limits;
   /** Cancellers of the open streams, called when a shutdown's drain period ends. */
@@ -444,7 +452,10 @@ export class ChatCompletions {
       outcome = 'completed';
       reply.header('X-Service-Worker-ID', run.worker.id);
       if (run.clampHeader) reply.header(CLAMP_HEADER, run.clampHeader);
-      reply.type('application/json').send(JSON.stringify(completion));
+      const json = JSON.stringify(completion);
+      reply.type('application/json').send(json);
+      // The very text the client got; stored after it left.
+      if (run.req.store) this.keep(run, json);
     } catch (err) {
       const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
       outcome = end.outcome;
@@ -484,6 +495,8 @@ export class ChatCompletions {
     };
     this.d.streams.add(cancel);
     let acc = new StreamAccumulator(run.ctx, run.startedAt);
+    // `store: true`: the chunks sent, assembled into the completion to keep (null otherwise).
+    let kept = req.store ? new CompletionAssembler(run.ctx) : null;
     let outcome: Outcome = 'error';
     // Nothing reaches the client before the first generated token (or the end of a
     // stream without one): until then a worker that dies is replaced by another one.
@@ -561,6 +574,7 @@ export class ChatCompletions {
                 break;
               }
               const out = acc.accept(payload, now);
+              if (kept !== null && out !== null) kept.add(out);
               if (!generating && acc.firstTokenSeen) {
                 generating = true;
                 deadline.started();
@@ -613,6 +627,7 @@ export class ChatCompletions {
               'worker stream failed before its first token; failing over',
             );
             acc = new StreamAccumulator(run.ctx, run.startedAt);
+            if (kept !== null) kept = new CompletionAssembler(run.ctx);
             continue attempts;
           }
         }
@@ -638,6 +653,11 @@ export class ChatCompletions {
           raw.write(sseData(chunk));
         }
         raw.end(SSE_DONE);
+        if (kept !== null) {
+          const usage = acc.usage;
+          reasoningNull(usage, run.endpoint);
+          this.keep(run, kept.completion(usage));
+        }
         return;
       }
     } finally {
@@ -652,6 +672,20 @@ export class ChatCompletions {
       const s = acc.summary();
       this.record(run, outcome, s.usage, s.ttftMs, true);
     }
+  }
+
+  /** A completed `store: true` request: kept, off this path (src/completions/service.ts). */
+  private keep(run: Run, body: string | object): void {
+    this.d.completions?.save({
+      id: run.request.id,
+      projectId: run.key.projectId,
+      endpointId: run.endpoint.id,
+      model: run.endpoint.modelName,
+      body,
+      messages: run.req.messages,
+      metadata: run.req.metadata,
+      createdAt: run.startedAt,
+    });
   }
 
   private observe(

@@ -15,6 +15,7 @@ export function inferenceRoutes(s: Services): FastifyPluginAsync {
       pool: s.pool,
       upstream: s.upstream,
       usage: s.usage,
+      completions: s.completions,
       billing: s.billing,
       limits: s.limits,
       streams: s.openStreams,

@@ -21,6 +21,7 @@ import {
 } from '../webhooks/ssrf.js';
 import { MemoryLimiter, RedisLimiter, type LimiterBackend } from '../limits/index.js';
 import { UsageRecorder } from '../billing/usage-recorder.js';
+import { StoredCompletions } from '../completions/service.js';
 import type { Config } from '../config/index.js';
 import { EndpointRepository, type Endpoint } from '../endpoints/repository.js';
 import { UpstreamClient } from '../inference/upstream.js';
@@ -68,6 +69,8 @@ export interface Services {
   monitor: WorkerMonitor;
   upstream: UpstreamClient;
   usage: UsageRecorder;
+  /** Chat completions kept for `store: true` (src/completions), written off the hot path. */
+  completions: StoredCompletions;
   billing: BillingGate;
   limiter: LimiterBackend;
   limits: Limits;
@@ -130,6 +133,7 @@ export async function createServices(
   // One upstream connection per request a worker may have in flight (HTTP/1.1: one stream each).
   const upstream = new UpstreamClient({ connections: config.workerMaxInFlight });
   const usage = new UsageRecorder(store.db, deps.logger, { flushIntervalMs: config.usageFlushMs });
+  const completions = new StoredCompletions(store.db, deps.logger);
   // ioredis is loaded only when REDIS_URL is set (about 9 MiB of RSS otherwise).
   const redisLib = config.redisUrl ? await import('../store/redis.js') : null;
   const redis =
@@ -289,6 +293,7 @@ export async function createServices(
     monitor,
     upstream,
     usage,
+    completions,
     billing,
     limiter,
     limits,
@@ -310,6 +315,7 @@ export async function createServices(
       await exec.stop();
       await dispatcher.stop();
       await usage.close();
+      await completions.close();
       await verifier.stopRecordingUse();
       await budgetAlerts.close();
       await upstream.close();

@@ -915,6 +915,33 @@ export const responses = pgTable(
   (t) => [index('responses_project_created_idx').on(t.projectId, t.createdAt)],
 );
 
+/**
+ * Stored chat completions (`store: true` on `POST /chat/completions`): the
+ * ChatCompletion exactly as the client got it (`body`, without `metadata`), the
+ * request's `messages`, and its `metadata` (the one part that may change later).
+ * `seq` orders a project's list and is its cursor; `model` is the endpoint's
+ * model, for the list's filter. Kept until deleted.
+ */
+export const chatCompletions = pgTable(
+  'chat_completions',
+  {
+    id: text('id').primaryKey(),
+    seq: bigserial('seq', { mode: 'number' }).notNull(),
+    projectId: uuid('project_id')
+      .notNull()
+      .references(() => projects.id),
+    endpointId: uuid('endpoint_id')
+      .notNull()
+      .references(() => endpoints.id),
+    model: text('model').notNull(),
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
+    body: jsonb('body').$type<Record<string, unknown>>().notNull(),
+    messages: jsonb('messages').$type<Record<string, unknown>[]>().notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [index('chat_completions_project_seq_idx').on(t.projectId, t.seq)],
+);
+
 /** Conversations API: a project's conversation (soft-deleted, so its items go with it). */
 export const conversations = pgTable(
   'conversations',

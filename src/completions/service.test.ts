@@ -1,0 +1,28 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { storableJson } from './service.js';
+
+describe('storableJson', () => {
+  it('replaces every U+0000 with U+FFFD, in values and keys, and nothing else', () => {
+    const value = {
+      content: 'a\u0000b\u0000',
+      ['k\u0000']: ['\u0000'],
+      // Text that spells an escape: a backslash, then `u0000`.
+      literal: 'x\\u0000y',
+      // An escaped backslash followed by a real NUL.
+      both: '\\\u0000',
+    };
+    const out = JSON.parse(storableJson(JSON.stringify(value))) as Record<string, unknown>;
+    assert.deepEqual(out, {
+      content: 'a\uFFFDb\uFFFD',
+      ['k\uFFFD']: ['\uFFFD'],
+      literal: 'x\\u0000y',
+      both: '\\\uFFFD',
+    });
+  });
+
+  it('returns a text without U+0000 as it is', () => {
+    const json = JSON.stringify({ content: 'plain \\u0000 text', n: 1 });
+    assert.equal(storableJson(json), json);
+  });
+});
