@@ -72,12 +72,72 @@ describe('parseChatRequest', () => {
       'response_format.json_schema',
     ],
     [
+      'a tool name with a space (node-llama-cpp cannot call it)',
+      {
+        ...ok,
+        tools: [{ type: 'function', function: { name: 'get weather', parameters: {} } }],
+      },
+      'invalid_value',
+      'tools[0].function.name',
+    ],
+    [
+      'a schema with more than 1,000 enum values',
+      {
+        ...ok,
+        response_format: {
+          type: 'json_schema',
+          json_schema: {
+            name: 'n',
+            schema: { enum: Array.from({ length: 1001 }, (_, i) => `v${i}`) },
+          },
+        },
+      },
+      'invalid_value',
+      'response_format.json_schema.schema',
+    ],
+    [
+      'tool parameters nested more than 10 levels',
+      {
+        ...ok,
+        tools: [
+          {
+            type: 'function',
+            function: {
+              name: 'deep',
+              parameters: JSON.parse(
+                '{"type":"object","properties":{"a":'.repeat(11) +
+                  '{"type":"string"}' +
+                  '}}'.repeat(11),
+              ) as object,
+            },
+          },
+        ],
+      },
+      'invalid_value',
+      'tools[0].function.parameters',
+    ],
+    [
       'prediction type',
       { ...ok, prediction: { type: 'text', content: 'x' } },
       'invalid_type',
       'prediction',
     ],
   ];
+
+  it('accepts schemas within the limits (1,000 enum values, 10 levels)', () => {
+    const nested = (n: number): unknown =>
+      JSON.parse(
+        '{"type":"object","properties":{"a":'.repeat(n) + '{"type":"string"}' + '}}'.repeat(n),
+      );
+    parseChatRequest({
+      ...ok,
+      response_format: {
+        type: 'json_schema',
+        json_schema: { name: 'n', schema: { enum: Array.from({ length: 1000 }, (_, i) => i) } },
+      },
+      tools: [{ type: 'function', function: { name: 'ok_name', parameters: nested(9) } }],
+    });
+  });
 
   for (const [name, body, code, param] of CASES) {
     it(`rejects ${name}`, () => {

@@ -239,9 +239,15 @@ function checkTools(body: Record<string, unknown>): Set<string> {
     if (typeof t.function.name !== 'string' || t.function.name.length === 0) {
       throw typeError(`${p}.function.name`, 'a non-empty string');
     }
+    // node-llama-cpp's function-call syntax cannot hold them (it throws; a 500 before).
+    if (/\s/.test(t.function.name)) {
+      throw rangeError(`${p}.function.name`, 'must not contain spaces, tabs or new lines');
+    }
     if (!absent(t.function.parameters) && !isObject(t.function.parameters)) {
       throw typeError(`${p}.function.parameters`, 'a JSON Schema object');
     }
+    if (isObject(t.function.parameters))
+      checkSchemaSize(t.function.parameters, `${p}.function.parameters`);
     names.add(t.function.name);
   });
   return names;
@@ -287,6 +293,51 @@ function checkResponseFormat(rf: unknown): void {
   }
   if (!absent(rf.json_schema.schema) && !isObject(rf.json_schema.schema)) {
     throw typeError('response_format.json_schema.schema', 'a JSON Schema object');
+  }
+  if (isObject(rf.json_schema.schema)) {
+    checkSchemaSize(rf.json_schema.schema, 'response_format.json_schema.schema');
+  }
+}
+
+/**
+ * OpenAI's limits on a structured-output schema: at most 5,000 object properties,
+ * 10 levels of nesting and 1,000 enum values in all. A schema is compiled into a
+ * grammar on the event loop before generation starts: one with 20,000 enum values
+ * held the worker (its other requests and its /metrics health check) for 13 s.
+ */
+const SCHEMA_LIMITS = { properties: 5000, depth: 10, enumValues: 1000 };
+
+function checkSchemaSize(schema: Record<string, unknown>, param: string): void {
+  let properties = 0;
+  let enumValues = 0;
+  // An explicit stack: a schema may be nested deeper than the call stack allows.
+  const stack: Array<[unknown, number]> = [[schema, 1]];
+  while (stack.length > 0) {
+    const [node, depth] = stack.pop()!;
+    if (Array.isArray(node)) {
+      for (const x of node) stack.push([x, depth]);
+      continue;
+    }
+    if (!isObject(node)) continue;
+    if (depth > SCHEMA_LIMITS.depth) {
+      throw rangeError(param, `nests more than ${SCHEMA_LIMITS.depth} levels`);
+    }
+    if (Array.isArray(node.enum)) enumValues += node.enum.length;
+    if (isObject(node.properties)) properties += Object.keys(node.properties).length;
+    if (enumValues > SCHEMA_LIMITS.enumValues) {
+      throw rangeError(param, `has more than ${SCHEMA_LIMITS.enumValues} enum values`);
+    }
+    if (properties > SCHEMA_LIMITS.properties) {
+      throw rangeError(param, `has more than ${SCHEMA_LIMITS.properties} object properties`);
+    }
+    for (const [k, v] of Object.entries(node)) {
+      if (k === 'enum' || k === 'const' || k === 'default' || k === 'examples') continue;
+      // Sub-schemas one level down: under properties/$defs the map itself is not a level.
+      const mapOfSchemas = k === 'properties' || k === '$defs' || k === 'definitions';
+      if (mapOfSchemas && isObject(v))
+        for (const sub of Object.values(v)) stack.push([sub, depth + 1]);
+      else stack.push([v, depth + 1]);
+    }
   }
 }
 
