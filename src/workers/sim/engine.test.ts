@@ -345,6 +345,30 @@ describe('generation', () => {
     });
   });
 
+  it('huge minLength, minItems and [sim:len=N] are cut at max_tokens, not built whole first', async () => {
+    const engine = new SimEngine();
+    for (const schema of [
+      { type: 'string', minLength: 1_000_000_000 },
+      { type: 'array', items: { type: 'string' }, minItems: 100_000_000 },
+    ] as const) {
+      const r = await complete(engine, {
+        messages: [user('json please')],
+        max_tokens: 5,
+        response_format: { type: 'json_schema', json_schema: { name: 'n', schema } },
+      });
+      assert.equal(choice(r).finish_reason, 'length');
+    }
+    const r = await complete(engine, {
+      messages: [user('hi [sim:len=99999999999]')],
+      max_tokens: 5,
+    });
+    assert.equal(choice(r).finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 5);
+    const exact = await complete(engine, { messages: [user('hi [sim:len=3]')], max_tokens: 5 });
+    assert.equal(exact.usage.completion_tokens, 3);
+    assert.equal(choice(exact).finish_reason, 'stop');
+  });
+
   it('counts accepted and rejected prediction tokens', async () => {
     const engine = new SimEngine();
     const predicted = 'The quick brown fox jumps over the lazy dog and keeps running far away';

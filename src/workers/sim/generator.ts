@@ -211,6 +211,13 @@ function textTokens(rng: () => number, lead: string, target: number | undefined)
   return out;
 }
 
+/**
+ * The most characters (`minLength`) or items (`minItems`) a placeholder gets: the
+ * answer is cut at `max_tokens` anyway, and a schema asking for 10^9 used to build
+ * the whole value first (a stalled worker, then a RangeError).
+ */
+const FILL_CAP = 256;
+
 /** A value satisfying simple JSON schemas: required properties only, typed placeholders. */
 export function fillSchema(schema: JsonSchema | undefined, depth = 0): unknown {
   if (!schema || depth > 8) return {};
@@ -245,7 +252,8 @@ export function fillSchema(schema: JsonSchema | undefined, depth = 0): unknown {
         uuid: '00000000-0000-4000-8000-000000000000',
       };
       const s = (schema.format && byFormat[schema.format]) || 'sim';
-      return s.length >= (schema.minLength ?? 0) ? s : s.padEnd(schema.minLength ?? 0, 'm');
+      const min = Math.min(schema.minLength ?? 0, FILL_CAP);
+      return s.length >= min ? s : s.padEnd(min, 'm');
     }
     case 'integer':
     case 'number': {
@@ -261,7 +269,7 @@ export function fillSchema(schema: JsonSchema | undefined, depth = 0): unknown {
     case 'null':
       return null;
     case 'array': {
-      const count = Math.max(1, schema.minItems ?? 1);
+      const count = Math.min(Math.max(1, schema.minItems ?? 1), FILL_CAP);
       return Array.from({ length: count }, () =>
         fillSchema(schema.items ?? { type: 'string' }, depth + 1),
       );
@@ -416,7 +424,14 @@ function planChoice(input: PlanInput, index: number, seed: number): ChoicePlan {
       const leads: string[] = [];
       if (markers.emoji) leads.push(EMOJI_TEXT);
       if (last.role === 'tool') leads.push(`Tool result: ${contentText(last.content)}.`);
-      const target = markers.len ?? (req.ignore_eos ? budget : undefined);
+      // `[sim:len=N]` past the budget is cut there like any answer (budget + 1 keeps
+      // the finish reason `length`); a marker of 10^11 used to build all of it first.
+      const target =
+        markers.len !== undefined
+          ? Math.min(markers.len, budget + 1)
+          : req.ignore_eos
+            ? budget
+            : undefined;
       if (req.prediction) {
         // Half the prediction is "accepted" verbatim, then the model diverges; the
         // continuation starts with a space so its tokens stand alone.

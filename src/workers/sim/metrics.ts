@@ -96,9 +96,9 @@ export function renderMetrics(model: string, s: SimEngineStats): string {
   ];
   let out = '';
   for (const m of series) {
-    // Counters are declared without the _total suffix, as prometheus_client does.
-    const family = m.type === 'counter' ? m.name.replace(/_total$/, '') : m.name;
-    out += `# HELP ${family} ${m.help}\n# TYPE ${family} ${m.type}\n${m.name}${label} ${num(m.value)}\n`;
+    // As prometheus_client's text format (what vLLM serves): HELP and TYPE name the
+    // counter with its _total suffix, as its sample does.
+    out += `# HELP ${m.name} ${m.help}\n# TYPE ${m.name} ${m.type}\n${m.name}${label} ${num(m.value)}\n`;
   }
   return out;
 }

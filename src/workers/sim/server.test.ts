@@ -269,7 +269,9 @@ describe('sim worker HTTP', () => {
         new RegExp(`^${name}\\{model_name="switchyard-sim"\\} \\d+(\\.\\d+)?(e-?\\d+)?$`, 'm'),
       );
     }
-    assert.match(metrics, /^# TYPE vllm:prefix_cache_hits counter$/m);
+    // prometheus_client names a counter with its _total suffix on HELP and TYPE too.
+    assert.match(metrics, /^# TYPE vllm:prefix_cache_hits_total counter$/m);
+    assert.match(metrics, /^# HELP vllm:prefix_cache_hits_total /m);
     assert.match(metrics, /^# TYPE vllm:kv_cache_usage_perc gauge$/m);
     const missing = await fetch(`${base}/nope`);
     assert.equal(missing.status, 404);
@@ -306,6 +308,18 @@ describe('sim worker HTTP', () => {
     const invalid = await post(w, { messages: [] });
     assert.equal(invalid.status, 400);
     assert.equal(((await invalid.json()) as { type: string }).type, 'BadRequestError');
+    // A json_schema format without a schema object: the client's 400, not a TypeError's 500.
+    for (const [rf, param] of [
+      [{ type: 'json_schema' }, 'response_format.json_schema'],
+      [
+        { type: 'json_schema', json_schema: { name: 'a', schema: 'x' } },
+        'response_format.json_schema.schema',
+      ],
+    ] as const) {
+      const r = await post(w, { messages: [{ role: 'user', content: 'hi' }], response_format: rf });
+      assert.equal(r.status, 400);
+      assert.equal(((await r.json()) as { param: string }).param, param);
+    }
 
     const llama = await worker({ errorStyle: 'llamacpp', contextWindow: 64 });
     const res = await post(llama, {

@@ -293,6 +293,21 @@ export function parseChatRequest(body: unknown): ParseResult {
         'response_format',
       );
     }
+    if (rf.type === 'json_schema') {
+      const js = rf.json_schema;
+      if (!isObject(js)) {
+        return fail(
+          'response_format.json_schema is required for type json_schema',
+          'response_format.json_schema',
+        );
+      }
+      if (js.schema !== undefined && js.schema !== null && !isObject(js.schema)) {
+        return fail(
+          'response_format.json_schema.schema must be a JSON Schema object',
+          'response_format.json_schema.schema',
+        );
+      }
+    }
   }
   const pred = body.prediction;
   if (pred !== undefined && pred !== null) {
