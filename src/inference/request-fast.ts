@@ -191,8 +191,9 @@ function tools(v: unknown): boolean {
   for (const t of v as unknown[]) {
     if (!isObj(t) || t.type !== 'function') return false;
     for (const k in t) if (k !== 'type' && k !== 'function') return false;
-    // Not held to OpenAI's name pattern, as in the schema; but not empty.
+    // Not held to OpenAI's name pattern, as in the schema; but not empty, no whitespace.
     if (!namedSchema(t.function, 'parameters', 1)) return false;
+    if (/\s/.test((t.function as { name: string }).name)) return false;
   }
   return true;
 }

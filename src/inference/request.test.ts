@@ -478,6 +478,12 @@ const BAD: ReadonlyArray<readonly [string, unknown, string, string | null]> = [
     'tools[0].function.name',
   ],
   [
+    'tool name with a space',
+    withFields({ tools: [{ type: 'function', function: { name: 'get weather' } }] }),
+    'invalid_value',
+    'tools[0].function.name',
+  ],
+  [
     'tool name empty',
     withFields({ tools: [{ type: 'function', function: { name: '' } }] }),
     'invalid_value',

@@ -226,8 +226,9 @@ const messageSchema = z.object({
 const toolSchema = z.object({
   type: z.literal('function'),
   function: z.object({
-    // Not held to OpenAI's name pattern: MCP-bridged tools use dotted names.
-    name: z.string().min(1),
+    // Not held to OpenAI's name pattern (MCP-bridged tools use dotted names), but no
+    // whitespace: no engine can call such a function (llama.cpp's refuses it outright).
+    name: z.string().min(1).regex(/^\S+$/, 'must not contain whitespace'),
     description: z.string().optional(),
     parameters: jsonObject.optional(),
     strict: z.boolean().nullish(),
