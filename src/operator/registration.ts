@@ -103,7 +103,7 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
           });
         }
       } else {
-        existing = await s.workers.findRegistered(model.id, body.tier, url);
+        existing = await s.workers.findAt('registered', model.id, body.tier, url);
       }
       const w = await s.workers.upsert(
         {

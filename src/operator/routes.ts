@@ -238,7 +238,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         });
       }
       const url = body.url.replace(/\/$/, '');
-      const same = await s.workers.findStatic(model.id, body.tier, url);
+      const same = await s.workers.findAt('static', model.id, body.tier, url);
       if (same) {
         throw new ServiceError('conflict', {
           message: `The static worker '${same.id}' already serves ${body.model} on ${body.tier} at ${url}.`,

@@ -154,8 +154,16 @@ export class WorkerRegistry {
       .orderBy(asc(workers.createdAt), asc(workers.id));
   }
 
-  /** A self-registered worker already known by its (model, tier, url), to re-register in place. */
-  async findRegistered(modelId: string, tierId: string, url: string): Promise<WorkerRecord | null> {
+  /**
+   * The worker of `source` at (model, tier, url): a self-registered one is re-registered
+   * in place; a second static one would be the same server twice.
+   */
+  async findAt(
+    source: 'registered' | 'static',
+    modelId: string,
+    tierId: string,
+    url: string,
+  ): Promise<WorkerRecord | null> {
     const rows = await this.db
       .select(columns)
       .from(workers)
@@ -165,25 +173,7 @@ export class WorkerRegistry {
           eq(workers.modelId, modelId),
           eq(workers.tierId, tierId),
           eq(workers.url, url),
-          eq(workers.source, 'registered'),
-        ),
-      )
-      .limit(1);
-    return rows[0] ?? null;
-  }
-
-  /** A static worker of (model, tier) at this URL: a second one would be the same server twice. */
-  async findStatic(modelId: string, tierId: string, url: string): Promise<WorkerRecord | null> {
-    const rows = await this.db
-      .select(columns)
-      .from(workers)
-      .innerJoin(models, eq(models.id, workers.modelId))
-      .where(
-        and(
-          eq(workers.modelId, modelId),
-          eq(workers.tierId, tierId),
-          eq(workers.url, url),
-          eq(workers.source, 'static'),
+          eq(workers.source, source),
         ),
       )
       .limit(1);
