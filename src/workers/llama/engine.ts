@@ -434,7 +434,12 @@ function callId(): string {
   return `call_${randomBytes(12).toString('hex')}`;
 }
 
-function contextError(prompt: number, maxTokens: number | null, ctx: number): ServiceError {
+function contextError(
+  prompt: number,
+  maxTokens: number | null,
+  ctx: number,
+  field: 'max_tokens' | 'max_completion_tokens',
+): ServiceError {
   // vLLM's wording with exact counts, so the router can compute the budget that fits and
   // retry once; llama.cpp's fields for clients that read those.
   const message =
@@ -443,7 +448,7 @@ function contextError(prompt: number, maxTokens: number | null, ctx: number): Se
       : `This model's maximum context length is ${ctx} tokens. However, you requested ${prompt + maxTokens} tokens (${prompt} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`;
   return new ServiceError('context_length_exceeded', {
     message,
-    param: maxTokens === null ? 'messages' : 'max_tokens',
+    param: maxTokens === null ? 'messages' : field,
     extra: { n_prompt_tokens: prompt, n_ctx: ctx },
   });
 }
@@ -745,9 +750,11 @@ export class LlamaEngine {
 
     const ctx = this.engineInfo.contextSize;
     const requested = req.max_completion_tokens ?? req.max_tokens ?? null;
-    if (promptTokens.length >= ctx) throw contextError(promptTokens.length, requested, ctx);
+    // The field the client sent: `max_completion_tokens` wins, as it does above.
+    const field = req.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
+    if (promptTokens.length >= ctx) throw contextError(promptTokens.length, requested, ctx, field);
     if (requested !== null && promptTokens.length + requested > ctx) {
-      throw contextError(promptTokens.length, requested, ctx);
+      throw contextError(promptTokens.length, requested, ctx, field);
     }
 
     let tokenBias: TokenBias | undefined;

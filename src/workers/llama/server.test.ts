@@ -552,8 +552,16 @@ describe('llama worker: errors, abort and endpoints', () => {
         assert.equal(err.code, 'context_length_exceeded');
         assert.match(err.message, new RegExp(`maximum context length is ${CONTEXT} tokens`));
         assert.match(err.message, /\(\d+ in the messages, 100000 in the completion\)/);
+        assert.equal(err.param, 'max_tokens');
         return true;
       },
+    );
+    // The field the client used is the one named.
+    await expectError(
+      { model: MODEL, messages: user('hi'), max_completion_tokens: 100_000 },
+      400,
+      'context_length_exceeded',
+      'max_completion_tokens',
     );
   });
 
