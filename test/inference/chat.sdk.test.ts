@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { inferenceFixture, weatherTool, type InferenceFixture } from '../support/inference.js';
 import { validateChunk, validateCompletion } from '../support/openai-schemas.js';
 
 describe('chat completions with the OpenAI SDK', () => {
@@ -144,20 +144,7 @@ describe('chat completions with the OpenAI SDK', () => {
   });
 
   it('tool-call round trip', async () => {
-    const tools = [
-      {
-        type: 'function' as const,
-        function: {
-          name: 'get_weather',
-          description: 'Weather for a city',
-          parameters: {
-            type: 'object',
-            properties: { city: { type: 'string' } },
-            required: ['city'],
-          },
-        },
-      },
-    ];
+    const tools = [weatherTool];
     const first = await f.client.chat.completions.create({
       model: 'x',
       messages: [{ role: 'user', content: 'Weather in Paris?' }],

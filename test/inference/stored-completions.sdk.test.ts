@@ -10,20 +10,14 @@ import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import { apiError, inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  apiError,
+  inferenceFixture,
+  weatherTool,
+  type InferenceFixture,
+} from '../support/inference.js';
 
-const weather = {
-  type: 'function' as const,
-  function: {
-    name: 'get_weather',
-    description: 'Weather for a city',
-    parameters: {
-      type: 'object',
-      properties: { city: { type: 'string' } },
-      required: ['city'],
-    },
-  },
-};
+const weather = weatherTool;
 
 describe('stored chat completions', () => {
   let f: InferenceFixture;

@@ -158,3 +158,17 @@ export async function apiError(p: Promise<unknown>): Promise<InstanceType<typeof
   }
   assert.fail('expected an API error');
 }
+
+/** A chat-completions function tool the sim engine can call (`[sim:tool_call]`). */
+export const weatherTool = {
+  type: 'function' as const,
+  function: {
+    name: 'get_weather',
+    description: 'Weather for a city',
+    parameters: {
+      type: 'object',
+      properties: { city: { type: 'string' } },
+      required: ['city'],
+    },
+  },
+};
