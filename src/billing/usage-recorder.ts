@@ -24,29 +24,32 @@ import type { Logger } from '../runtime/logger.js';
 export type UsageRecord = typeof tables.usageRecords.$inferInsert;
 
 /**
- * PostgreSQL text and jsonb cannot hold U+0000, and a client's `user` or
- * `metadata` may carry it: such a row would fail its whole batch. Dropped here;
- * the common case (no NUL) costs one scan and no copy.
+ * PostgreSQL text and jsonb cannot hold U+0000, nor jsonb a lone UTF-16 surrogate
+ * (JSON.stringify writes one as `\ud800`, which jsonb refuses), and a client's
+ * `user` or `metadata` may carry either: such a row would fail its whole batch.
+ * A NUL is dropped and a lone surrogate becomes U+FFFD; the common case costs two
+ * scans and no copy.
  */
-function noNul(s: string): string {
-  return s.includes('\u0000') ? s.replaceAll('\u0000', '') : s;
+function storable(s: string): string {
+  const t = s.includes('\u0000') ? s.replaceAll('\u0000', '') : s;
+  return t.isWellFormed() ? t : t.toWellFormed();
 }
 
-function metadataWithoutNul(m: UsageRecord['metadata']): UsageRecord['metadata'] {
+function storableMetadata(m: UsageRecord['metadata']): UsageRecord['metadata'] {
   if (m === null || m === undefined || typeof m !== 'object') return m;
   // The clean case (nearly every record) allocates nothing.
   const o = m as Record<string, unknown>;
   let dirty = false;
   for (const k in o) {
     const v = o[k];
-    if (k.includes('\u0000') || (typeof v === 'string' && v.includes('\u0000'))) {
+    if (storable(k) !== k || (typeof v === 'string' && storable(v) !== v)) {
       dirty = true;
       break;
     }
   }
   if (!dirty) return m;
   return Object.fromEntries(
-    Object.entries(m).map(([k, v]) => [noNul(k), typeof v === 'string' ? noNul(v) : v]),
+    Object.entries(m).map(([k, v]) => [storable(k), typeof v === 'string' ? storable(v) : v]),
   );
 }
 
@@ -73,8 +76,8 @@ function rowJson(r: UsageRecord): string {
     r.ttftMs ?? null,
     r.durationMs,
     r.costMicrocents ?? 0,
-    r.user == null ? null : noNul(r.user),
-    metadataWithoutNul(r.metadata) ?? null,
+    r.user == null ? null : storable(r.user),
+    storableMetadata(r.metadata) ?? null,
     // Epoch milliseconds: toISOString cost as much as serialising the rest of the row.
     (r.createdAt ?? new Date()).getTime(),
   ]);

@@ -21,6 +21,31 @@ describe('storableJson', () => {
     });
   });
 
+  it('replaces lone surrogates with U+FFFD and keeps pairs, raw or escaped', () => {
+    const value = {
+      lone: 'a\ud800b',
+      low: '\udc00',
+      reversed: '\udc00\ud800',
+      pair: 'x\ud83d\ude00y',
+      ['k\udbff']: 1,
+      // Text that spells an escape of a surrogate: a backslash, then `ud800`.
+      literal: '\\ud800',
+    };
+    const json = JSON.stringify(value);
+    const out = JSON.parse(storableJson(json)) as Record<string, unknown>;
+    assert.deepEqual(out, {
+      lone: 'a\uFFFDb',
+      low: '\uFFFD',
+      reversed: '\uFFFD\uFFFD',
+      pair: 'x\u{1F600}y',
+      ['k\uFFFD']: 1,
+      literal: '\\ud800',
+    });
+    // A pair a worker wrote as two escapes stays a pair.
+    const escapedPair = '{"c":"\\uD83D\\uDE00 \\ud800"}';
+    assert.equal(storableJson(escapedPair), '{"c":"\\uD83D\\uDE00 \\ufffd"}');
+  });
+
   it('returns a text without U+0000 as it is', () => {
     const json = JSON.stringify({ content: 'plain \\u0000 text', n: 1 });
     assert.equal(storableJson(json), json);

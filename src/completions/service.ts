@@ -24,6 +24,7 @@
  */
 import { and, asc, desc, eq, gt, lt, sql, type SQL } from 'drizzle-orm';
 import { ServiceError } from '../errors/index.js';
+import { UNSTORABLE_ESCAPE } from '../http/json-body.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -49,15 +50,25 @@ export interface CompletionToStore {
   createdAt: number;
 }
 
-/** A U+0000 escape in JSON text (`\u0000`), not an escaped backslash followed by `u0000`. */
-const ESCAPED_NUL = /(?<!\\)((?:\\\\)*)\\u0000/g;
+/**
+ * Every escape in JSON text, left to right (each backslash of valid JSON starts
+ * one, so `\\` is consumed whole and never read as the start of another): first
+ * a surrogate pair (kept), then U+0000 or a lone surrogate (group `bad`), then any
+ * other escape (kept).
+ */
+const ESCAPE =
+  /\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(?<bad>u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2}))|u[0-9a-fA-F]{4}|[^u])/g;
 
 /**
- * JSON text that PostgreSQL's jsonb accepts: every U+0000 (which JSON.stringify
- * writes as `\u0000`) becomes U+FFFD. A text without one is returned as is.
+ * JSON text that PostgreSQL's jsonb accepts: every U+0000 and every lone UTF-16
+ * surrogate (JSON.stringify writes both as escapes, `\u0000`, `\ud800`, and jsonb
+ * refuses them) becomes U+FFFD. A text without one is returned as is.
  */
 export function storableJson(json: string): string {
-  return json.includes('\\u0000') ? json.replace(ESCAPED_NUL, '$1\\ufffd') : json;
+  if (!UNSTORABLE_ESCAPE.test(json)) return json;
+  return json.replace(ESCAPE, (m: string, ...rest: unknown[]) =>
+    (rest.at(-1) as { bad?: string }).bad === undefined ? m : '\\ufffd',
+  );
 }
 
 /** Who is asking: the key's project, and the endpoint it is bound to (null: any). */

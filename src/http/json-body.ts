@@ -73,9 +73,10 @@ export function emptyJsonIsObject(app: FastifyInstance): void {
       else
         json(request, body, (err, value) => {
           if (err) done(protoRefusal(body) ?? err, undefined);
-          // These routes store what they are sent, and PostgreSQL holds no U+0000: name
-          // the field now rather than fail at the insert with no `param`.
-          else done(body.includes('\\u0000') ? nulRefusal(value) : null, value);
+          // These routes store what they are sent, and PostgreSQL holds no U+0000 (nor
+          // jsonb a lone surrogate): name the field now rather than fail at the insert
+          // with no `param`.
+          else done(UNSTORABLE_ESCAPE.test(body) ? unstorableRefusal(value) : null, value);
         });
     },
   );
@@ -183,28 +184,40 @@ export function clientJson(body: Record<string, unknown>): string {
 }
 
 /**
- * The path (`input[2].content`, `metadata`) of the first string or key in a decoded
- * JSON body that holds U+0000, or null. PostgreSQL's text and jsonb cannot store
- * it; routes that store a body after side effects (a worker's answer already
- * streamed) check first, so the client hears 400 before anything happens.
+ * Escapes that decode to what PostgreSQL cannot store may be in this JSON text:
+ * `\u0000`, or a UTF-16 surrogate (paired or lone; the decoded strings tell).
  */
-/** 400 `invalid_body` naming the first field of `body` holding U+0000, if any. */
-export function nulRefusal(body: unknown): ServiceError | null {
-  const path = nulPath(body);
-  if (path === null && !(typeof body === 'string' && body.includes('\u0000'))) return null;
+export const UNSTORABLE_ESCAPE = /\\u(?:0000|[dD][89a-fA-F])/;
+
+/** A string PostgreSQL's text and jsonb cannot hold: U+0000 or a lone surrogate. */
+function unstorable(s: string): boolean {
+  return s.includes('\u0000') || !s.isWellFormed();
+}
+
+/**
+ * 400 `invalid_body` naming the first string or key (`input[2].content`,
+ * `metadata.k`) of a decoded JSON body that holds U+0000 or a lone UTF-16
+ * surrogate (`\ud800` without its pair: not Unicode text), or null. PostgreSQL's
+ * text and jsonb cannot store either; routes that store a body after side effects
+ * (a worker's answer already streamed) check first, so the client hears 400 before
+ * anything happens.
+ */
+export function unstorableRefusal(body: unknown): ServiceError | null {
+  const path = unstorablePath(body);
+  if (path === null && !(typeof body === 'string' && unstorable(body))) return null;
   return new ServiceError('invalid_body', {
-    message: `Invalid '${path ?? 'body'}': a NUL character (U+0000) is not accepted.`,
+    message: `Invalid '${path ?? 'body'}': a NUL character (U+0000) or a lone UTF-16 surrogate is not accepted.`,
     param: path,
   });
 }
 
-function nulPath(body: unknown): string | null {
+function unstorablePath(body: unknown): string | null {
   // An explicit stack, not recursion: a body may be nested thousands of levels deep.
   const stack: Array<[unknown, string]> = [[body, '']];
   while (stack.length > 0) {
     const [value, path] = stack.pop()!;
     if (typeof value === 'string') {
-      if (value.includes('\u0000')) return path || null;
+      if (unstorable(value)) return path || null;
     } else if (Array.isArray(value)) {
       for (let i = value.length - 1; i >= 0; i--) stack.push([value[i], `${path}[${i}]`]);
     } else if (value !== null && typeof value === 'object') {
@@ -212,7 +225,7 @@ function nulPath(body: unknown): string | null {
       for (let i = entries.length - 1; i >= 0; i--) {
         const [k, v] = entries[i]!;
         const here = path ? `${path}.${k}` : k;
-        if (k.includes('\u0000')) return here;
+        if (unstorable(k)) return here;
         stack.push([v, here]);
       }
     }

@@ -37,7 +37,7 @@ import {
   internalCall,
   internalKeyCredential,
 } from '../http/internal-key.js';
-import { clientJson, decoded, deferJsonErrors, nulRefusal } from '../http/json-body.js';
+import { clientJson, decoded, deferJsonErrors, unstorableRefusal } from '../http/json-body.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
@@ -158,8 +158,8 @@ class ResponsesApi {
     const raw = decoded(request.body);
     // Stored after the worker's answer (maybe already streamed): refuse what
     // cannot be stored before anything runs.
-    const nul = nulRefusal(raw);
-    if (nul !== null) throw nul;
+    const refused = unstorableRefusal(raw);
+    if (refused !== null) throw refused;
     const r = parseResponsesRequest(raw);
     let history: Json[] = [];
     if (r.previousResponseId) {

@@ -85,6 +85,17 @@ for (const driver of drivers()) {
         assert.deepEqual(nul[0]?.metadata, { k: 'ab' });
         assert.equal(u.written, 10);
 
+        // A lone UTF-16 surrogate, which jsonb refuses, becomes U+FFFD; a pair stays.
+        u.record({ ...rec(30), user: 'u\ud800', metadata: { 'k\udc00': 'a\ud83d\ude00\ud83d' } });
+        await u.flush();
+        const lone = await db.store.db
+          .select()
+          .from(tables.usageRecords)
+          .where(eq(tables.usageRecords.requestId, 'chatcmpl-30'));
+        assert.equal(lone[0]?.user, 'u\uFFFD');
+        assert.deepEqual(lone[0]?.metadata, { 'k\uFFFD': 'a\u{1F600}\uFFFD' });
+        assert.equal(u.written, 11);
+
         // A row the database refuses for its data (a token count past int4) is
         // dropped and counted; the rest of its batch, and the batches behind it, are
         // stored and billed; nothing is retried forever.
@@ -100,12 +111,12 @@ for (const driver of drivers()) {
         assert.ok(!ids.includes('chatcmpl-22'));
         assert.equal(u.dropped, 1);
         assert.equal(u.pending, 0);
-        assert.equal(u.written, 13);
+        assert.equal(u.written, 14);
         const [after] = await db.store.db
           .select()
           .from(tables.projects)
           .where(eq(tables.projects.id, pid));
-        assert.equal(after!.spentMicrocents, 50 + 4 * 10 + 10 + 3 * 10);
+        assert.equal(after!.spentMicrocents, 50 + 4 * 10 + 10 + 10 + 3 * 10);
 
         await db.store.close();
         u.record(rec(9));

@@ -118,6 +118,38 @@ describe('NUL characters from clients', () => {
     assert.equal(uploads.length, 0, 'no upload stored with its NUL stripped');
   });
 
+  it('a lone UTF-16 surrogate in a stored body: 400 naming the field; a pair is kept', async () => {
+    const mgmt = await f.server.admin('POST', `/projects/inf/keys`, {
+      scopes: ['inference', 'management'],
+    });
+    const as = (path: string, body: unknown) =>
+      http('POST', `${f.server.url}/${f.projectId}${path}`, {
+        auth: `Bearer ${String(mgmt.body.key)}`,
+        body,
+      });
+    for (const [path, body, param] of [
+      ['/chat/v1/conversations', { metadata: { k: 'a\ud800' } }, 'metadata.k'],
+      ['/chat/v1/conversations', { metadata: { ['\udc00']: 'v' } }, 'metadata.\udc00'],
+      ['/chat/v1/responses', { model: 'x', input: 'hi \ud83d', max_output_tokens: 8 }, 'input'],
+    ] as Array<[string, unknown, string]>) {
+      const r = await as(path, body);
+      assert.equal(r.status, 400, `${path}: ${r.text}`);
+      const e = r.body.error as Record<string, unknown>;
+      assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
+    }
+    const op = await f.server.admin('POST', '/projects', { slug: 'lone', name: 'a\udbff' });
+    assert.equal(op.status, 400, op.text);
+    assert.equal((op.body.error as Record<string, unknown>).param, 'name');
+    // A surrogate pair, sent escaped as JSON.stringify does not, is text like any other.
+    const pair = await http('POST', `${f.server.url}/${f.projectId}/chat/v1/conversations`, {
+      auth: `Bearer ${String(mgmt.body.key)}`,
+      rawBody: '{"metadata":{"k":"\\ud83d\\ude00"}}',
+      headers: { 'content-type': 'application/json' },
+    });
+    assert.equal(pair.status, 200, pair.text);
+    assert.deepEqual(pair.body.metadata, { k: '\u{1F600}' });
+  });
+
   it('a Responses request with a NUL: 400 naming the field, before any worker runs', async () => {
     const before = await f.server.services.store.db.select().from(tables.usageRecords);
     for (const stream of [false, true]) {

@@ -433,6 +433,26 @@ describe('stored chat completions', () => {
     assert.equal(m2.data[0]!.content, 'a\\u0000b');
   });
 
+  it('stores a completion with a lone surrogate in it, as U+FFFD, and bills it', async () => {
+    const c = await create('a\ud800b \u{1F600}', { metadata: { k: 'x\udc00' } });
+    await f.server.services.completions.flush();
+    const got = await f.client.chat.completions.retrieve(c.id);
+    assert.deepEqual((got as unknown as { metadata: unknown }).metadata, { k: 'x\uFFFD' });
+    const messages = await f.client.chat.completions.messages.list(c.id);
+    assert.equal(messages.data[0]!.content, 'a\uFFFDb \u{1F600}');
+    // Without `store`, the usage row (which keeps `metadata`) is still written.
+    const plain = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 4,
+      metadata: { k: 'y\ud800' },
+    });
+    await f.server.services.usage.flush();
+    const rows = await f.server.services.store.db.select().from(tables.usageRecords);
+    const row = rows.find((r) => r.requestId === plain.id);
+    assert.deepEqual(row?.metadata, { k: 'y\uFFFD' });
+  });
+
   it('counts against the management limit; another project or endpoint sees nothing', async () => {
     const c = await create('mine');
     await f.server.services.completions.flush();
