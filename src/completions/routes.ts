@@ -39,7 +39,12 @@ const pageQuery = z.object({
 });
 const listQueryFields = pageQuery.extend({ model: z.string().optional() });
 
-const METADATA_FILTER = /^metadata\[([^\]]*)\]$/;
+/**
+ * `metadata[key]`, as the SDKs write a filter (qs's bracket form): the key is all
+ * between the first `[` and the last `]`, so a key holding brackets is matched as
+ * it was sent. Any other parameter named `metadata…` is refused, not ignored.
+ */
+const METADATA_FILTER = /^metadata\[(.*)\]$/s;
 
 type Query = Record<string, unknown>;
 
@@ -53,8 +58,14 @@ function listOptions(q: Query): ListOptions {
   const fields = parseField(listQueryFields, q);
   const filters: Record<string, string> = {};
   for (const [k, v] of Object.entries(q)) {
+    if (!k.startsWith('metadata')) continue;
     const m = METADATA_FILTER.exec(k);
-    if (m === null) continue;
+    if (m === null) {
+      throw new ServiceError('invalid_value', {
+        message: `Invalid '${k}': filter on metadata as metadata[key]=value.`,
+        param: k,
+      });
+    }
     if (typeof v !== 'string') {
       throw new ServiceError('invalid_type', {
         message: `Invalid '${k}': expected one string.`,

@@ -80,11 +80,35 @@ function handle(
   reply: FastifyReply,
   badJson: BadJsonCode,
 ): void {
-  const se = toServiceError(err, badJson);
+  let se = toServiceError(err, badJson);
+  if (isUnstorableText(err)) se = unstorableInput(request) ?? se;
   if (se.status >= 500) {
     request.log.error({ err, code: se.code }, 'request failed');
   }
   void sendError(reply, se);
+}
+
+/**
+ * The path or query parameter (`after`, `completion_id`) whose value PostgreSQL
+ * refused (U+0000), named in a 400: the error is found where it happens, at the
+ * query, so requests without one pay nothing for the check.
+ */
+function unstorableInput(request: FastifyRequest): ServiceError | null {
+  for (const [where, values] of [
+    ['path', request.params],
+    ['query', request.query],
+  ] as const) {
+    if (values === null || typeof values !== 'object') continue;
+    for (const [k, v] of Object.entries(values as Record<string, unknown>)) {
+      if (![v].flat().some((x) => typeof x === 'string' && x.includes('\u0000'))) continue;
+      const name = where === 'path' ? k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`) : k;
+      return new ServiceError('invalid_value', {
+        message: `Invalid ${where} parameter '${name}': a NUL character (U+0000) is not accepted.`,
+        param: name,
+      });
+    }
+  }
+  return null;
 }
 
 export function notFoundHandler(request: FastifyRequest, reply: FastifyReply): void {

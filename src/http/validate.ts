@@ -117,7 +117,8 @@ export function listQuery(q: { limit?: string; order?: string; after?: string })
   order: 'asc' | 'desc';
   after: string | undefined;
 } {
-  const limit = q.limit === undefined ? 20 : Number(q.limit);
+  // Decimal digits only: Number() would also take ` 1`, `0x10` and `1e1`.
+  const limit = q.limit === undefined ? 20 : /^[0-9]{1,3}$/.test(q.limit) ? Number(q.limit) : NaN;
   if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
     throw new ServiceError('invalid_value', {
       message: 'limit must be an integer from 1 to 100.',

@@ -59,19 +59,20 @@ describe('NUL characters from clients', () => {
     assert.equal(Number(p!.spentMicrocents), billed);
   });
 
-  it('ids, query strings and stored bodies: 400 invalid_body, not 500', async () => {
-    for (const [method, path, body] of [
-      ['GET', '/chat/v1/files/%00'],
-      ['GET', '/chat/v1/batches/%00'],
-      ['GET', '/chat/v1/conversations/%00'],
-      ['GET', '/chat/v1/files?after=%00'],
-      ['POST', '/chat/v1/conversations', { metadata: { k: 'a\u0000' } }],
-    ] as Array<[string, string, unknown?]>) {
-      const r = await call(method, path, body);
-      assert.ok(r.status === 400 || r.status === 404, `${method} ${path}: ${r.status} ${r.text}`);
-      if (r.status === 400) {
-        assert.equal((r.body.error as Record<string, unknown>).code, 'invalid_body', path);
-      }
+  it('ids and query strings: 400 naming the parameter, not 500', async () => {
+    for (const [method, path, param] of [
+      ['GET', '/chat/v1/files/%00', 'file_id'],
+      ['GET', '/chat/v1/batches/%00', 'batch_id'],
+      ['GET', '/chat/v1/conversations/%00', 'conversation_id'],
+      ['GET', '/chat/v1/chat/completions/a%00', 'completion_id'],
+      ['GET', '/chat/v1/files?after=%00', 'after'],
+      ['GET', '/chat/v1/chat/completions?model=m%00', 'model'],
+      ['GET', '/chat/v1/chat/completions?metadata%5Bk%5D=%00', 'metadata[k]'],
+    ] as Array<[string, string, string]>) {
+      const r = await call(method, path);
+      assert.equal(r.status, 400, `${method} ${path}: ${r.status} ${r.text}`);
+      const e = r.body.error as Record<string, unknown>;
+      assert.deepEqual([e.code, e.param], ['invalid_value', param], path);
     }
   });
 

@@ -217,6 +217,15 @@ describe('stored chat completions', () => {
       everything.data.map((c) => c.id),
       [...made, other.id],
     );
+    // A key holding brackets is matched as the SDK sent it (`metadata[a]b[c]]=v`).
+    const bracketed = await create('brackets', { metadata: { 'a]b[c]': 'v' } });
+    await f.server.services.completions.flush();
+    const byBrackets = await f.client.chat.completions.list({ metadata: { 'a]b[c]': 'v' } });
+    assert.deepEqual(
+      byBrackets.data.map((c) => c.id),
+      [bracketed.id],
+    );
+    await f.client.chat.completions.delete(bracketed.id);
     assert.equal((await f.client.chat.completions.list({ model: 'sim-model' })).data.length, 6);
     assert.equal((await f.client.chat.completions.list({ model: 'other-model' })).data.length, 0);
 
@@ -402,6 +411,22 @@ describe('stored chat completions', () => {
       assert.equal(err.status, 400, `${code} ${param}`);
       assert.equal(err.code, code, param);
       assert.equal(err.param, param);
+    }
+    // `limit` is decimal digits; `metadata` without `[key]` is not a filter.
+    for (const [query, param] of [
+      ['limit=0x10', 'limit'],
+      ['limit=1e1', 'limit'],
+      ['limit=%201', 'limit'],
+      ['limit=', 'limit'],
+      ['metadata=x', 'metadata'],
+      ['metadata%5Bk=x', 'metadata[k'],
+    ]) {
+      const res = await fetch(`${f.baseURL}/chat/completions?${query}`, {
+        headers: { authorization: `Bearer ${f.key}` },
+      });
+      assert.equal(res.status, 400, query);
+      const { error } = (await res.json()) as { error: { code: string; param: string } };
+      assert.deepEqual([error.code, error.param], ['invalid_value', param], query);
     }
     // A repeated query parameter is not one value (the SDK never sends one).
     for (const [query, param] of [
