@@ -8,6 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
 import proxyAddr from '@fastify/proxy-addr';
 import Fastify, {
   LogController,
@@ -108,15 +109,40 @@ function clientError(this: FastifyInstance, err: Error & { code?: string }, sock
         : new ServiceError('malformed_request', {
             message: `The HTTP request is malformed (${err.code ?? 'parse error'}).`,
           });
+  closeWithError(socket, error);
+  socket.destroy(err);
+}
+
+/** Writes `error` as a whole HTTP/1.1 response on a raw socket and closes it. */
+function closeWithError(socket: Duplex, error: ServiceError): void {
   const body = JSON.stringify(error.toEnvelope());
   if (socket.writable) {
-    socket.write(
+    socket.end(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\n` +
         `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
         `X-Request-ID: ${requestId(undefined)}\r\nConnection: close\r\n\r\n${body}`,
     );
   }
-  socket.destroy(err);
+}
+
+/**
+ * A TLS handshake that failed. When OpenSSL saw a plain HTTP request instead
+ * (`http://` to the TLS port), that client gets a readable answer, as nginx gives,
+ * rather than a connection closed with no word: 403 `https_required` in the
+ * envelope, written in plain HTTP on the socket beneath the failed TLS layer.
+ * Any other failure is dropped, as Node does without this listener.
+ */
+function tlsClientError(err: Error & { code?: string }, tls: TLSSocket): void {
+  const raw = (tls as TLSSocket & { _parent?: Duplex | null })._parent;
+  if (err.code === 'ERR_SSL_HTTP_REQUEST' && raw) {
+    closeWithError(
+      raw,
+      new ServiceError('https_required', {
+        message: 'This port serves HTTPS; a plain HTTP request was sent to it. Use https://.',
+      }),
+    );
+  }
+  tls.destroy();
 }
 
 function httpsRequired(): ServiceError {
@@ -206,6 +232,7 @@ export async function buildApp(
       void sendError(reply, frameworkError(err, request));
     },
   });
+  if (opts.tls) app.server.on('tlsClientError', tlsClientError);
 
   // Set when close() starts (preClose runs before the listener stops): requests
   // that still arrive on kept-alive connections while in-flight ones drain are

@@ -152,6 +152,21 @@ describe('HTTPS and production mode', () => {
     assert.match(String(res.headers['strict-transport-security']), /max-age/);
     await res.body.text();
     await dispatcher.close();
+    // http:// to the TLS port: an answer in plain HTTP saying so, not a silent close.
+    const plain = await request(`${url.replace(/^https:/, 'http:')}/admin/v1/projects`, {
+      headers: { authorization: `Bearer ${TOKEN}` },
+    });
+    assert.equal(plain.statusCode, 403);
+    assert.match(String(plain.headers['x-request-id']), /^req_/);
+    const body = (await plain.body.json()) as { error: { code: string; message: string } };
+    assert.equal(body.error.code, 'https_required');
+    assert.match(body.error.message, /HTTPS/);
+    // The port still serves TLS afterwards.
+    const again = new Agent({ connect: { ca: testCertificate().cert } });
+    const ok = await request(`${url}/healthz`, { dispatcher: again });
+    assert.equal(ok.statusCode, 200);
+    await ok.body.text();
+    await again.close();
   });
 
   it('a TLS file missing or not PEM: exits 1 saying so, before starting anything', async () => {
