@@ -155,6 +155,9 @@ export function provisioningFor(
   };
 }
 
+/** The unique index on a live endpoint's custom domain (without case). */
+export const CUSTOM_DOMAIN_KEY = 'endpoints_custom_domain_key';
+
 export class EndpointRepository {
   /**
    * The endpoints that follow their worker pool, built once: the worker monitor

@@ -33,9 +33,11 @@ import {
   publicWorker,
   SCHEDULING_POLICIES,
   type WorkerRecord,
+  WORKER_URL_KEY,
   type WorkerStatus,
 } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
+import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS } from '../tiers/index.js';
 
 const registerBody = z
@@ -105,18 +107,37 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
       } else {
         existing = await s.workers.findAt('registered', model.id, body.tier, url);
       }
-      const w = await s.workers.upsert(
-        {
-          id: existing?.id ?? body.id ?? newWorkerId(),
-          modelId: model.id,
-          tierId: body.tier,
-          url,
-          source: 'registered',
-          capacity: body.capacity ?? null,
-          schedulingPolicy: body.scheduling_policy ?? 'fcfs',
-        },
-        now(),
-      );
+      const record = (id: string) =>
+        s.workers.upsert(
+          {
+            id,
+            modelId: model.id,
+            tierId: body.tier,
+            url,
+            source: 'registered',
+            capacity: body.capacity ?? null,
+            schedulingPolicy: body.scheduling_policy ?? 'fcfs',
+          },
+          now(),
+        );
+      const w = await record(existing?.id ?? body.id ?? newWorkerId()).catch(async (err) => {
+        // Another row holds this URL (one per worker process: the unique index).
+        if (!isUniqueViolation(err, WORKER_URL_KEY)) throw err;
+        const other = await s.workers.findAt('registered', model.id, body.tier, url);
+        if (!other) throw err;
+        if (!body.id) {
+          // The same worker registered twice at once (a retry racing its first
+          // try): this registration renews the row the other made.
+          existing = other;
+          return record(other.id);
+        }
+        // The process at this URL now names itself `body.id`: the row under its old
+        // name is stale.
+        await s.workers.remove(other.id);
+        s.monitor.forget(other.id);
+        await s.bus.publish('workers', other.id);
+        return record(body.id);
+      });
       request.log.info({ worker: w.id, url: w.url, model: body.model }, 'worker registered');
       await s.bus.publish('workers', w.id);
       await s.monitor.reconcile();

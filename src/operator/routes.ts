@@ -6,13 +6,18 @@
 import { passwordProblem } from '../dashboard/passwords.js';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { z } from 'zod';
-import { provisioningFor, toEndpointRecord } from '../endpoints/repository.js';
+import { CUSTOM_DOMAIN_KEY, provisioningFor, toEndpointRecord } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
 import { SLUG_PATTERN } from '../keys/index.js';
 import { CAPABILITIES, operatorModel } from '../models/repository.js';
 import { MAX_CREDIT_CENTS, publicProject, type Project } from '../projects/repository.js';
-import { newWorkerId, publicWorker, SCHEDULING_POLICIES } from '../routing/registry.js';
+import {
+  newWorkerId,
+  publicWorker,
+  SCHEDULING_POLICIES,
+  WORKER_URL_KEY,
+} from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS, type TierId } from '../tiers/index.js';
@@ -156,16 +161,20 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       return provisioningFor({ healthy, registered: pool.length }, current);
     }
 
-    /** 409 when another live endpoint has the custom domain. */
+    /**
+     * 409 when another live endpoint has the custom domain: checked first for the
+     * common case, and by the unique index for two requests at once (`domainTaken`).
+     */
     async function domainFree(domain: string | null | undefined, self?: string): Promise<void> {
       if (!domain) return;
       const other = await s.endpoints.findByCustomDomain(domain);
-      if (other && other.id !== self) {
-        throw new ServiceError('conflict', {
-          message: `The custom domain '${domain}' is taken by another endpoint.`,
-          param: 'custom_domain',
-        });
-      }
+      if (other && other.id !== self) domainTaken(domain);
+    }
+    function domainTaken(domain: string | null | undefined): never {
+      throw new ServiceError('conflict', {
+        message: `The custom domain '${domain}' is taken by another endpoint.`,
+        param: 'custom_domain',
+      });
     }
 
     // Projects.
@@ -238,24 +247,31 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         });
       }
       const url = body.url.replace(/\/$/, '');
-      const same = await s.workers.findAt('static', model.id, body.tier, url);
-      if (same) {
-        throw new ServiceError('conflict', {
-          message: `The static worker '${same.id}' already serves ${body.model} on ${body.tier} at ${url}.`,
+      const duplicate = (same: string) =>
+        new ServiceError('conflict', {
+          message: `The static worker '${same}' already serves ${body.model} on ${body.tier} at ${url}.`,
           param: 'url',
         });
-      }
-      const w = await s.workers.upsert(
-        {
-          id,
-          modelId: model.id,
-          tierId: body.tier,
-          url,
-          source: 'static',
-          schedulingPolicy: body.scheduling_policy ?? 'fcfs',
-        },
-        now(),
-      );
+      const same = await s.workers.findAt('static', model.id, body.tier, url);
+      if (same) throw duplicate(same.id);
+      const w = await s.workers
+        .upsert(
+          {
+            id,
+            modelId: model.id,
+            tierId: body.tier,
+            url,
+            source: 'static',
+            schedulingPolicy: body.scheduling_policy ?? 'fcfs',
+          },
+          now(),
+        )
+        .catch(async (err: unknown) => {
+          // Another request added it since the check above (the unique index says so).
+          if (!isUniqueViolation(err, WORKER_URL_KEY)) throw err;
+          const other = await s.workers.findAt('static', model.id, body.tier, url);
+          throw duplicate(other?.id ?? 'another');
+        });
       await s.endpoints.activateWaiting(model.id, body.tier, w.id);
       await s.bus.publish('workers', w.id);
       await s.bus.publish('endpoint', '*');
@@ -307,7 +323,11 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
             },
             now(),
           )
-          .catch((err: unknown) => conflict(err, `Endpoint '${body.slug}'`, 'slug'));
+          .catch((err: unknown) =>
+            isUniqueViolation(err, CUSTOM_DOMAIN_KEY)
+              ? domainTaken(body.custom_domain)
+              : conflict(err, `Endpoint '${body.slug}'`, 'slug'),
+          );
         // A request to this slug just before may have cached "no such endpoint".
         await s.bus.publish('endpoint', e.id);
         return reply.code(201).send(toEndpointRecord(e));
@@ -325,17 +345,22 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         const e = await s.endpoints.get(p.id, request.params.endpoint);
         if (!e) throw new ServiceError('endpoint_not_found');
         await domainFree(body.custom_domain, e.id);
-        const updated = await s.endpoints.update(p.id, e.id, {
-          name: body.name,
-          status: body.status,
-          maxRequestsPerMinute: body.max_requests_per_minute,
-          maxTokensPerMinute: body.max_tokens_per_minute,
-          customDomain: body.custom_domain,
-          // Out of a suspension: the status its pool gives, as at creation.
-          ...(body.status === 'active'
-            ? await provisioning(e.modelId, e.tierId, e.provisionedWorkerId)
-            : {}),
-        });
+        const updated = await s.endpoints
+          .update(p.id, e.id, {
+            name: body.name,
+            status: body.status,
+            maxRequestsPerMinute: body.max_requests_per_minute,
+            maxTokensPerMinute: body.max_tokens_per_minute,
+            customDomain: body.custom_domain,
+            // Out of a suspension: the status its pool gives, as at creation.
+            ...(body.status === 'active'
+              ? await provisioning(e.modelId, e.tierId, e.provisionedWorkerId)
+              : {}),
+          })
+          .catch((err: unknown) => {
+            if (isUniqueViolation(err, CUSTOM_DOMAIN_KEY)) domainTaken(body.custom_domain);
+            throw err;
+          });
         if (!updated) throw new ServiceError('endpoint_not_found');
         await s.bus.publish('endpoint', updated.id);
         return toEndpointRecord(updated);

@@ -74,6 +74,9 @@ export function newWorkerId(): string {
   return `wkr_${randomBytes(8).toString('hex')}`;
 }
 
+/** The unique index on a static or registered worker's (source, model, tier, URL). */
+export const WORKER_URL_KEY = 'workers_source_model_tier_url_key';
+
 export class WorkerRegistry {
   /** Every worker, built once: the worker monitor lists them every second (monitor.ts). */
   private readonly all;

@@ -329,10 +329,16 @@ export function isUnstorableText(err: unknown): boolean {
   return s === '22021' || s === '22P05';
 }
 
-/** True when a query failed on a unique constraint (PostgreSQL and PGlite alike). */
-export function isUniqueViolation(err: unknown): boolean {
+/**
+ * True when a query failed on a unique constraint (PostgreSQL and PGlite alike);
+ * with `constraint`, on that one (its index's name).
+ */
+export function isUniqueViolation(err: unknown, constraint?: string): boolean {
   for (let e: unknown = err, i = 0; e && i < 4; i++) {
-    if (typeof e === 'object' && (e as { code?: unknown }).code === '23505') return true;
+    const x = e as { code?: unknown; constraint?: unknown };
+    if (typeof e === 'object' && x.code === '23505') {
+      return constraint === undefined || x.constraint === constraint;
+    }
     e = (e as { cause?: unknown }).cause;
   }
   return false;

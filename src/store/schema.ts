@@ -121,6 +121,11 @@ export const workers = pgTable(
   },
   (t) => [
     index('workers_model_tier_idx').on(t.modelId, t.tierId),
+    // One row per worker process: the operator API's duplicate check and a
+    // registration's lookup by URL hold under concurrent requests too.
+    uniqueIndex('workers_source_model_tier_url_key')
+      .on(t.source, t.modelId, t.tierId, t.url)
+      .where(sql`${t.source} in ('static', 'registered')`),
     check('workers_scheduling_policy_check', sql`${t.schedulingPolicy} in ('fcfs', 'priority')`),
     check('workers_status_check', sql`${t.status} in ('healthy', 'unhealthy', 'draining')`),
     check('workers_source_check', sql`${t.source} in ('static', 'registered', 'embedded')`),
@@ -155,6 +160,10 @@ export const endpoints = pgTable(
     uniqueIndex('endpoints_project_slug_key')
       .on(t.projectId, t.slug)
       .where(sql`${t.deletedAt} is null`),
+    // A custom domain names one live endpoint, compared without case.
+    uniqueIndex('endpoints_custom_domain_key')
+      .on(sql`lower(${t.customDomain})`)
+      .where(sql`${t.deletedAt} is null and ${t.customDomain} is not null`),
     check(
       'endpoints_status_check',
       sql`${t.status} in ('active', 'provisioning', 'suspended', 'error')`,

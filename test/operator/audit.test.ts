@@ -290,6 +290,58 @@ describe('operator API audit', () => {
     assert.equal(gpu.status, 201, gpu.text);
   });
 
+  it('requests at once: one static worker per URL, one endpoint per domain, one registered row', async () => {
+    const at = (url: string) => ({ model: 'audit-model', tier: 'cpu', url });
+    const statics = await Promise.all(
+      Array.from({ length: 6 }, () => s.admin('POST', '/workers', at('http://10.0.0.9:8000/v1'))),
+    );
+    assert.deepEqual(statics.map((r) => r.status).sort(), [201, 409, 409, 409, 409, 409]);
+    for (const r of statics.filter((x) => x.status === 409)) {
+      assert.deepEqual([err(r).code, err(r).param], ['conflict', 'url']);
+    }
+    const workers = (await s.admin('GET', '/workers')).body.data as Array<{ url: string }>;
+    assert.equal(workers.filter((w) => w.url === 'http://10.0.0.9:8000/v1').length, 1);
+
+    await s.admin('POST', '/projects', { slug: 'race', name: 'Race' });
+    const created = await Promise.all(
+      Array.from({ length: 6 }, (_, i) =>
+        endpoint(`race-${i}`, { custom_domain: 'race.example.com' }, 'race'),
+      ),
+    );
+    assert.deepEqual(created.map((r) => r.status).sort(), [201, 409, 409, 409, 409, 409]);
+    for (const r of created.filter((x) => x.status === 409)) {
+      assert.deepEqual([err(r).code, err(r).param], ['conflict', 'custom_domain']);
+    }
+    // PATCHes racing for one domain: one wins.
+    for (const slug of ['race-p1', 'race-p2', 'race-p3']) await endpoint(slug, {}, 'race');
+    const patched = await Promise.all(
+      ['race-p1', 'race-p2', 'race-p3'].map((slug) =>
+        s.admin('PATCH', `/projects/race/endpoints/${slug}`, { custom_domain: 'p.example.com' }),
+      ),
+    );
+    assert.deepEqual(patched.map((r) => r.status).sort(), [200, 409, 409]);
+
+    // A worker's registration retried while the first is in flight: one row, one id.
+    const registered = await Promise.all(
+      Array.from({ length: 5 }, () =>
+        s.admin('POST', '/workers/register', at('http://10.0.0.10:8000/v1')),
+      ),
+    );
+    for (const r of registered) assert.ok([200, 201].includes(r.status), r.text);
+    assert.equal(new Set(registered.map((r) => r.body.id)).size, 1);
+    // The process at that URL back under a name of its own: the old row goes.
+    const renamed = await s.admin('POST', '/workers/register', {
+      ...at('http://10.0.0.10:8000/v1'),
+      id: 'audit-renamed',
+    });
+    assert.equal(renamed.status, 201, renamed.text);
+    const rows = (await s.admin('GET', '/workers')).body.data as Array<{ id: string; url: string }>;
+    assert.deepEqual(
+      rows.filter((w) => w.url === 'http://10.0.0.10:8000/v1').map((w) => w.id),
+      ['audit-renamed'],
+    );
+  });
+
   it('custom_domain must be a hostname and belongs to one endpoint', async () => {
     for (const domain of ['not a domain!!', 'nodot', '-a.example.com', 'a..example.com']) {
       const r = await endpoint('bad-domain', { custom_domain: domain });

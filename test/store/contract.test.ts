@@ -5,9 +5,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { sql } from 'drizzle-orm';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { migrationsFolder, openStore, tables } from '../../src/store/index.js';
+import { isUniqueViolation, migrationsFolder, openStore, tables } from '../../src/store/index.js';
 import { drivers, freshDatabase } from '../support/harness.js';
 
 const journal = JSON.parse(
@@ -148,6 +148,91 @@ for (const driver of drivers()) {
         await assert.rejects(endpoint('deleted'));
         await assert.rejects(endpoint('active', 'platinum', 'x'));
         await assert.rejects(endpoint('active', 'cpu', 'active')); // duplicate live slug
+      } finally {
+        await db.drop();
+      }
+    });
+
+    it('migration 0015 keeps the oldest of duplicated custom domains and workers, then forbids them', async () => {
+      const db = await freshDatabase(driver, THREAD);
+      const d = db.store.db;
+      try {
+        // The state before 0015: its indexes absent, duplicates let in by racing requests.
+        await d.execute(sql`drop index endpoints_custom_domain_key`);
+        await d.execute(sql`drop index workers_source_model_tier_url_key`);
+        const pid = crypto.randomUUID();
+        const mid = crypto.randomUUID();
+        const t = (s: number) => new Date(Date.UTC(2026, 10, 1, 0, 0, s));
+        await d
+          .insert(tables.projects)
+          .values({ id: pid, externalId: 'proj_m', slug: 'm', name: 'M', createdAt: t(0) });
+        await d
+          .insert(tables.models)
+          .values({ id: mid, name: 'm', contextWindow: 1024, ownedBy: 'x', createdAt: t(0) });
+        const ep = (slug: string, domain: string | null, at: number, deleted = false) => ({
+          id: crypto.randomUUID(),
+          projectId: pid,
+          slug,
+          name: slug,
+          modelId: mid,
+          tierId: 'cpu',
+          customDomain: domain,
+          maxRequestsPerMinute: 1,
+          maxTokensPerMinute: 1,
+          createdAt: t(at),
+          deletedAt: deleted ? t(at) : null,
+        });
+        await d
+          .insert(tables.endpoints)
+          .values([
+            ep('gone', 'api.example.com', 1, true),
+            ep('first', 'api.example.com', 2),
+            ep('second', 'API.example.com', 3),
+            ep('other', 'other.example.com', 4),
+          ]);
+        const w = (id: string, source: string, url: string, at: number) => ({
+          id,
+          modelId: mid,
+          tierId: 'cpu',
+          url,
+          source,
+          createdAt: t(at),
+        });
+        await d
+          .insert(tables.workers)
+          .values([
+            w('s1', 'static', 'http://a/v1', 1),
+            w('s2', 'static', 'http://a/v1', 2),
+            w('r1', 'registered', 'http://a/v1', 3),
+            w('r2', 'registered', 'http://a/v1', 4),
+            w('e1', 'embedded', 'http://e/v1', 5),
+            w('e2', 'embedded', 'http://e/v1', 6),
+          ]);
+        const file = readdirSync(migrationsFolder).find((f) => f.startsWith('0015_'))!;
+        for (const statement of readFileSync(join(migrationsFolder, file), 'utf8').split(
+          '--> statement-breakpoint',
+        )) {
+          await d.execute(sql.raw(statement));
+        }
+        const domains = await d
+          .select({ slug: tables.endpoints.slug, domain: tables.endpoints.customDomain })
+          .from(tables.endpoints);
+        assert.deepEqual(Object.fromEntries(domains.map((r) => [r.slug, r.domain])), {
+          gone: 'api.example.com',
+          first: 'api.example.com',
+          second: null,
+          other: 'other.example.com',
+        });
+        const workers = await d.select({ id: tables.workers.id }).from(tables.workers);
+        assert.deepEqual(workers.map((r) => r.id).sort(), ['e1', 'e2', 'r1', 's1']);
+        await assert.rejects(
+          d.insert(tables.endpoints).values(ep('third', 'Api.Example.COM', 7)),
+          (err: unknown) => isUniqueViolation(err, 'endpoints_custom_domain_key'),
+        );
+        await assert.rejects(
+          d.insert(tables.workers).values(w('s3', 'static', 'http://a/v1', 8)),
+          (err: unknown) => isUniqueViolation(err, 'workers_source_model_tier_url_key'),
+        );
       } finally {
         await db.drop();
       }
