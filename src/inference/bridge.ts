@@ -26,6 +26,7 @@
  * chunk (`include_usage`) carry the sum.
  */
 import type { FastifyReply } from 'fastify';
+import { CompletionAssembler } from '../completions/assemble.js';
 import { ServiceError, type ErrorCode } from '../errors/index.js';
 import { awaitInvocation, isSettled } from '../exec/await.js';
 import type { CatalogEntry } from '../exec/catalog.js';
@@ -86,6 +87,8 @@ export interface BridgeRun {
   fixUsage(usage: Usage): void;
   /** Writes the request's one usage record. */
   record(outcome: BridgeOutcome, usage: Usage | null, ttftMs: number | null): void;
+  /** `store: true`: keeps the answer as the client got it (src/completions). */
+  keep(body: string | object): void;
 }
 
 /**
@@ -223,10 +226,13 @@ export class ToolBridge {
   private serverEnded = false;
   private ttftMs: number | null = null;
   private fingerprint: string | null = null;
+  /** `store: true` and streaming: the answer's chunks as sent, assembled. */
+  private readonly kept: CompletionAssembler | null;
 
   constructor(private readonly r: BridgeRun) {
     const idleMs = r.req.reasoningEffort ? r.tier.requestDeadlineMs : r.tier.idleTimeoutMs;
     this.bound = new Deadline(r.clock, this.abort, r.deadlineMs, idleMs, false);
+    this.kept = r.req.store && r.req.stream ? new CompletionAssembler(r.ctx) : null;
   }
 
   async run(): Promise<void> {
@@ -330,7 +336,9 @@ export class ToolBridge {
     }
     completion.usage = this.usage!;
     r.reply.headers(r.responseHeaders());
-    r.reply.type('application/json').send(JSON.stringify(completion));
+    const json = JSON.stringify(completion);
+    r.reply.type('application/json').send(json);
+    if (r.req.store) r.keep(json);
     return 'answered';
   }
 
@@ -420,6 +428,7 @@ export class ToolBridge {
     const raw = r.reply.raw;
     if (r.req.includeUsage) raw.write(sseData(usageChunk(this.usage!, r.ctx, this.fingerprint)));
     raw.end(SSE_DONE);
+    if (this.kept !== null) r.keep(this.kept.completion(this.usage!));
     return 'answered';
   }
 
@@ -445,6 +454,7 @@ export class ToolBridge {
       else c.delta.role = 'assistant';
     }
     this.roleSent = true;
+    this.kept?.add(chunk);
     const raw = this.r.reply.raw;
     if (!raw.write(sseData(chunk))) await drained(raw, this.abort.signal);
   }

@@ -337,6 +337,7 @@ export class ChatCompletions {
       }),
       fixUsage: (u) => reasoningNull(u, run.endpoint),
       record: (outcome, usage, ttftMs) => this.record(run, outcome, usage, ttftMs, run.req.stream),
+      keep: (body) => this.keep(run, body),
     }).run();
   }
 

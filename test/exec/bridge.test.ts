@@ -192,6 +192,44 @@ describe('chat tool bridge (x_exec) with the OpenAI SDK', () => {
     }
   });
 
+  it('store: true keeps the bridged answer as the client got it, streamed or not', async () => {
+    const plain = await f.client.chat.completions.create(
+      bridged<Body>({
+        ...ask('Read it and keep it. [sim:tool_call]'),
+        store: true,
+        metadata: { b: '1' },
+      }),
+    );
+    const stream = await f.client.chat.completions.create(
+      bridged<StreamBody>({
+        ...ask('Stream it and keep it. [sim:tool_call]'),
+        stream: true,
+        store: true,
+      }),
+    );
+    let text = '';
+    let id = '';
+    for await (const c of stream) {
+      id = c.id;
+      text += c.choices[0]?.delta.content ?? '';
+    }
+    await f.server.services.completions.flush();
+    const kept = await f.client.chat.completions.retrieve(plain.id);
+    assert.deepEqual(kept, { ...plain, metadata: { b: '1' } });
+    const keptStream = await f.client.chat.completions.retrieve(id);
+    assert.equal(keptStream.choices[0]!.message.content, text);
+    assert.match(text, /AGENT-OUTPUT-fs\.read-/);
+    assert.equal(keptStream.choices[0]!.finish_reason, 'stop');
+    assert.equal(keptStream.choices[0]!.message.tool_calls, null, 'tool rounds are not the answer');
+    const row = await usageRow(id);
+    assert.equal(keptStream.usage!.prompt_tokens, row!.promptTokens);
+    const messages = await f.client.chat.completions.messages.list(id);
+    assert.deepEqual(
+      messages.data.map((m) => m.content),
+      ['Stream it and keep it. [sim:tool_call]'],
+    );
+  });
+
   it('x_exec_workspace_id: the invocations run in that workspace; a bad id is 400', async () => {
     const ws = await f.server.call('POST', `/${p.projectId}/v1/exec/workspaces`, {
       key: p.exec,
