@@ -23,7 +23,9 @@ import { existsSync } from 'node:fs';
 import type { Server } from 'node:http';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import pino from 'pino';
 import { systemClock } from '../runtime/clock.js';
+import { createLogger } from '../runtime/logger.js';
 import { InFlight, waitForDrain } from '../workers/drain.js';
 import { RegistrationError, WorkerRegistration } from '../workers/registration.js';
 import { startSimWorker } from '../workers/sim/server.js';
@@ -141,7 +143,14 @@ export async function worker(argv: string[]): Promise<number> {
     w: { url: string; server: Server; close(): Promise<void> },
     model: string,
   ): Promise<number> => {
-    const log = (line: string) => process.stdout.write(`switchyard worker: ${line}\n`);
+    // One JSON line per event, as the router logs (pino); written at once, since a
+    // worker logs a few lines a lifetime, not one per request.
+    const logger = createLogger(
+      process.env.LOG_LEVEL || 'info',
+      pino.destination({ dest: 1, sync: true }),
+      'switchyard-worker',
+    );
+    const log = (line: string) => logger.info(line);
     const inFlight = new InFlight();
     inFlight.track(w.server);
     let registration: WorkerRegistration | null = null;

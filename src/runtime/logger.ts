@@ -52,7 +52,11 @@ export function logUrl(url: string): string {
     : path;
 }
 
-export function createLogger(level: string, destination?: DestinationStream): Logger {
+export function createLogger(
+  level: string,
+  destination?: DestinationStream,
+  service = 'switchyard',
+): Logger {
   let dest = destination;
   if (!dest) {
     // Buffered, asynchronous stdout: one write per 4 KiB instead of one syscall per
@@ -71,7 +75,7 @@ export function createLogger(level: string, destination?: DestinationStream): Lo
   return pino(
     {
       level,
-      base: { service: 'switchyard' },
+      base: { service },
       redact: { paths: REDACT_PATHS, censor: '[REDACTED]' },
     },
     dest,

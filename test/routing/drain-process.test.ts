@@ -56,7 +56,7 @@ describe('switchyard worker drains on SIGTERM (real processes)', { timeout: 90_0
       { SWITCHYARD_WORKER_TOKEN: WORKER_TOKEN },
     );
     spawned.push(p);
-    const id = (await p.waitFor(/registered with \S+ as (\S+)/, 15_000))[1]!;
+    const id = (await p.waitFor(/"msg":"registered with \S+ as ([^\s"]+)"/, 15_000))[1]!;
     return { p, id };
   }
 

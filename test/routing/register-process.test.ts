@@ -81,7 +81,7 @@ describe('switchyard worker --register (real process)', () => {
       ],
       { SWITCHYARD_WORKER_TOKEN: WORKER_TOKEN },
     );
-    id = (await w.waitFor(/registered with \S+ as (\S+)/))[1]!;
+    id = (await w.waitFor(/"msg":"registered with \S+ as ([^\s"]+)"/))[1]!;
     const rec = (await workers()).find((x) => x.id === id)!;
     assert.equal(rec.source, 'registered');
     assert.equal(rec.model, 'proc-sim');
