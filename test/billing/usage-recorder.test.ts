@@ -40,6 +40,13 @@ for (const driver of drivers()) {
           user: i === 0 ? 'alice' : null,
           createdAt: new Date(Date.UTC(2026, 10, 24, 12, 0, i, 123)),
         });
+        const stored = async (requestId: string) =>
+          (
+            await db.store.db
+              .select()
+              .from(tables.usageRecords)
+              .where(eq(tables.usageRecords.requestId, requestId))
+          )[0];
         for (let i = 0; i < 5; i++) u.record(rec(i));
         await u.flush();
         // The same request id again (a retried batch) is neither stored nor billed twice.
@@ -77,23 +84,17 @@ for (const driver of drivers()) {
         // `user` and `metadata` instead of failing the batch.
         u.record({ ...rec(20), user: 'u\u0000v', metadata: { 'k\u0000': 'a\u0000b' } });
         await u.flush();
-        const nul = await db.store.db
-          .select()
-          .from(tables.usageRecords)
-          .where(eq(tables.usageRecords.requestId, 'chatcmpl-20'));
-        assert.equal(nul[0]?.user, 'uv');
-        assert.deepEqual(nul[0]?.metadata, { k: 'ab' });
+        const nul = await stored('chatcmpl-20');
+        assert.equal(nul?.user, 'uv');
+        assert.deepEqual(nul?.metadata, { k: 'ab' });
         assert.equal(u.written, 10);
 
         // A lone UTF-16 surrogate, which jsonb refuses, becomes U+FFFD; a pair stays.
         u.record({ ...rec(30), user: 'u\ud800', metadata: { 'k\udc00': 'a\ud83d\ude00\ud83d' } });
         await u.flush();
-        const lone = await db.store.db
-          .select()
-          .from(tables.usageRecords)
-          .where(eq(tables.usageRecords.requestId, 'chatcmpl-30'));
-        assert.equal(lone[0]?.user, 'u\uFFFD');
-        assert.deepEqual(lone[0]?.metadata, { 'k\uFFFD': 'a\u{1F600}\uFFFD' });
+        const lone = await stored('chatcmpl-30');
+        assert.equal(lone?.user, 'u\uFFFD');
+        assert.deepEqual(lone?.metadata, { 'k\uFFFD': 'a\u{1F600}\uFFFD' });
         assert.equal(u.written, 11);
 
         // A row the database refuses for its data (a token count past int4) is

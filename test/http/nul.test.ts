@@ -21,6 +21,29 @@ describe('NUL characters from clients', () => {
   });
   after(() => f.close());
 
+  /**
+   * POSTs as a key of the project with the inference and management scopes: an
+   * object as JSON, a string as the body's very text.
+   */
+  const managementPost = async () => {
+    const mgmt = await f.server.admin('POST', `/projects/inf/keys`, {
+      scopes: ['inference', 'management'],
+    });
+    const auth = `Bearer ${String(mgmt.body.key)}`;
+    return (path: string, body: unknown) =>
+      http('POST', `${f.server.url}/${f.projectId}${path}`, {
+        auth,
+        ...(typeof body === 'string'
+          ? { rawBody: body, headers: { 'content-type': 'application/json' } }
+          : { body }),
+      });
+  };
+  const refusedNaming = (r: Awaited<ReturnType<typeof http>>, param: string, path: string) => {
+    assert.equal(r.status, 400, `${path}: ${r.text}`);
+    const e = r.body.error as Record<string, unknown>;
+    assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
+  };
+
   const call = (method: string, path: string, body?: unknown) =>
     http(method, `${f.server.url}/${f.projectId}${path}`, {
       auth: `Bearer ${f.key}`,
@@ -77,14 +100,7 @@ describe('NUL characters from clients', () => {
   });
 
   it('stored JSON bodies: 400 naming the field, and nothing stored changed', async () => {
-    const mgmt = await f.server.admin('POST', `/projects/inf/keys`, {
-      scopes: ['inference', 'management'],
-    });
-    const as = (path: string, body: unknown) =>
-      http('POST', `${f.server.url}/${f.projectId}${path}`, {
-        auth: `Bearer ${String(mgmt.body.key)}`,
-        body,
-      });
+    const as = await managementPost();
     const conv = await as('/chat/v1/conversations', {});
     assert.equal(conv.status, 200, conv.text);
     for (const [path, body, param] of [
@@ -106,10 +122,7 @@ describe('NUL characters from clients', () => {
       ],
       ['/v1/webhooks', { url: 'https://example.com/h', events: ['e\u0000'] }, 'events[0]'],
     ] as Array<[string, unknown, string]>) {
-      const r = await as(path, body);
-      assert.equal(r.status, 400, `${path}: ${r.text}`);
-      const e = r.body.error as Record<string, unknown>;
-      assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
+      refusedNaming(await as(path, body), param, path);
     }
     // The operator API alike.
     const op = await f.server.admin('POST', '/projects', { slug: 'nul', name: 'a\u0000b' });
@@ -120,33 +133,19 @@ describe('NUL characters from clients', () => {
   });
 
   it('a lone UTF-16 surrogate in a stored body: 400 naming the field; a pair is kept', async () => {
-    const mgmt = await f.server.admin('POST', `/projects/inf/keys`, {
-      scopes: ['inference', 'management'],
-    });
-    const as = (path: string, body: unknown) =>
-      http('POST', `${f.server.url}/${f.projectId}${path}`, {
-        auth: `Bearer ${String(mgmt.body.key)}`,
-        body,
-      });
+    const as = await managementPost();
     for (const [path, body, param] of [
       ['/chat/v1/conversations', { metadata: { k: 'a\ud800' } }, 'metadata.k'],
       ['/chat/v1/conversations', { metadata: { ['\udc00']: 'v' } }, 'metadata.\udc00'],
       ['/chat/v1/responses', { model: 'x', input: 'hi \ud83d', max_output_tokens: 8 }, 'input'],
     ] as Array<[string, unknown, string]>) {
-      const r = await as(path, body);
-      assert.equal(r.status, 400, `${path}: ${r.text}`);
-      const e = r.body.error as Record<string, unknown>;
-      assert.deepEqual([e.code, e.param], ['invalid_body', param], path);
+      refusedNaming(await as(path, body), param, path);
     }
     const op = await f.server.admin('POST', '/projects', { slug: 'lone', name: 'a\udbff' });
     assert.equal(op.status, 400, op.text);
     assert.equal((op.body.error as Record<string, unknown>).param, 'name');
     // A surrogate pair, sent escaped as JSON.stringify does not, is text like any other.
-    const pair = await http('POST', `${f.server.url}/${f.projectId}/chat/v1/conversations`, {
-      auth: `Bearer ${String(mgmt.body.key)}`,
-      rawBody: '{"metadata":{"k":"\\ud83d\\ude00"}}',
-      headers: { 'content-type': 'application/json' },
-    });
+    const pair = await as('/chat/v1/conversations', '{"metadata":{"k":"\\ud83d\\ude00"}}');
     assert.equal(pair.status, 200, pair.text);
     assert.deepEqual(pair.body.metadata, { k: '\u{1F600}' });
   });
