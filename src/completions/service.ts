@@ -24,7 +24,7 @@
  */
 import { and, asc, desc, eq, gt, lt, sql, type SQL } from 'drizzle-orm';
 import { ServiceError } from '../errors/index.js';
-import { UNSTORABLE_ESCAPE } from '../http/json-body.js';
+import { storableJson } from '../store/storable.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
@@ -48,27 +48,6 @@ export interface CompletionToStore {
   metadata: Readonly<Record<string, string>> | undefined;
   /** Epoch ms: the request's start. */
   createdAt: number;
-}
-
-/**
- * Every escape in JSON text, left to right (each backslash of valid JSON starts
- * one, so `\\` is consumed whole and never read as the start of another): first
- * a surrogate pair (kept), then U+0000 or a lone surrogate (group `bad`), then any
- * other escape (kept).
- */
-const ESCAPE =
-  /\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(?<bad>u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2}))|u[0-9a-fA-F]{4}|[^u])/g;
-
-/**
- * JSON text that PostgreSQL's jsonb accepts: every U+0000 and every lone UTF-16
- * surrogate (JSON.stringify writes both as escapes, `\u0000`, `\ud800`, and jsonb
- * refuses them) becomes U+FFFD. A text without one is returned as is.
- */
-export function storableJson(json: string): string {
-  if (!UNSTORABLE_ESCAPE.test(json)) return json;
-  return json.replace(ESCAPE, (m: string, ...rest: unknown[]) =>
-    (rest.at(-1) as { bad?: string }).bad === undefined ? m : '\\ufffd',
-  );
 }
 
 /** Who is asking: the key's project, and the endpoint it is bound to (null: any). */

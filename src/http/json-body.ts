@@ -16,6 +16,7 @@
  */
 import type { FastifyError, FastifyInstance } from 'fastify';
 import { ServiceError } from '../errors/index.js';
+import { UNSTORABLE_ESCAPE } from '../store/storable.js';
 import type { KeyVerifier } from '../keys/index.js';
 import { authenticateKey } from './auth.js';
 import { errorHandler, toServiceError } from './errors.js';
@@ -182,12 +183,6 @@ export function clientJson(body: Record<string, unknown>): string {
     });
   }
 }
-
-/**
- * Escapes that decode to what PostgreSQL cannot store may be in this JSON text:
- * `\u0000`, or a UTF-16 surrogate (paired or lone; the decoded strings tell).
- */
-export const UNSTORABLE_ESCAPE = /\\u(?:0000|[dD][89a-fA-F])/;
 
 /** A string PostgreSQL's text and jsonb cannot hold: U+0000 or a lone surrogate. */
 function unstorable(s: string): boolean {

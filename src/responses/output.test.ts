@@ -71,7 +71,11 @@ describe('Responses from chat', () => {
   });
 
   it('renames chat params to Responses fields', () => {
-    assert.equal(responsesParam('response_format.json_schema'), 'text.format.json_schema');
+    // text.format holds json_schema's fields itself.
+    assert.equal(responsesParam('response_format.json_schema'), 'text.format');
+    assert.equal(responsesParam('response_format.json_schema.schema'), 'text.format.schema');
+    assert.equal(responsesParam('response_format.type'), 'text.format.type');
+    assert.equal(responsesParam('tool_choice.function.name'), 'tool_choice.name');
     assert.equal(responsesParam('max_completion_tokens'), 'max_output_tokens');
     assert.equal(responsesParam('messages[3].content'), 'input');
     assert.equal(responsesParam('tools[1].function.name'), 'tools[1].name');
@@ -95,8 +99,9 @@ describe('Responses from chat', () => {
     });
     assert.equal(r.status, 'incomplete');
     assert.deepEqual(r.incomplete_details, { reason: 'max_output_tokens' });
-    const out = r.output as Array<{ content: unknown }>;
+    const out = r.output as Array<{ content: unknown; status: string }>;
     assert.deepEqual(out[0]!.content, [{ type: 'refusal', refusal: 'No.' }]);
+    assert.equal(out[0]!.status, 'incomplete', 'the item cut short, as the response');
     assert.deepEqual(r.usage, {
       input_tokens: 3,
       input_tokens_details: { cached_tokens: 1 },
@@ -154,6 +159,8 @@ describe('Responses from chat', () => {
     assert.equal((output[0]!.content as Array<{ text: string }>)[0]!.text, 'Hello');
     assert.equal(output[1]!.arguments, '{"a":1}');
     assert.equal(output[1]!.call_id, 'call_1');
+    const argsDone = events.find((e) => e.type === 'response.function_call_arguments.done')!;
+    assert.equal(argsDone.name, 'f', 'the done event names the function, as the SDK types say');
     assert.equal((end.response.usage as { total_tokens: number }).total_tokens, 10);
     // The turn as chat messages, for previous_response_id.
     assert.deepEqual(outputMessages(output), [
@@ -183,5 +190,26 @@ describe('Responses from chat', () => {
     );
     assert.equal(failed.response.status, 'failed');
     assert.deepEqual(failed.response.error, { code: 'request_timeout', message: 'late' });
+    // What streamed before the failure stays in the failed response, incomplete.
+    assert.deepEqual(failed.response.output, [
+      {
+        type: 'message',
+        id: (failed.response.output as Array<{ id: string }>)[0]!.id,
+        status: 'incomplete',
+        role: 'assistant',
+        content: [{ type: 'refusal', refusal: 'No' }],
+      },
+    ]);
+  });
+
+  it('a stream cut by the token limit ends its items incomplete', () => {
+    const t = new ResponseStream(shell({ input: 'x' }));
+    t.start();
+    t.chunk(chunk({ content: 'Once upon' }, 'length'));
+    const end = t.end();
+    assert.equal(end.response.status, 'incomplete');
+    const done = end.events.find((e) => e.type === 'response.output_item.done')!;
+    assert.equal((done.item as { status: string }).status, 'incomplete');
+    assert.equal((end.response.output as Array<{ status: string }>)[0]!.status, 'incomplete');
   });
 });

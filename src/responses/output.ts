@@ -118,13 +118,15 @@ function callItem(id: string, callId: string, name: string, args: string, status
 export function fromCompletion(s: Shell, completion: Json): Json {
   const choice = ((completion.choices as Json[] | undefined) ?? [])[0] ?? {};
   const msg = (choice.message as Json | undefined) ?? {};
+  const { status, reason } = statusOf(choice.finish_reason);
+  const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
   const output: Json[] = [];
   const content: Json[] = [];
   if (typeof msg.content === 'string' && msg.content !== '') content.push(textPart(msg.content));
   if (typeof msg.refusal === 'string' && msg.refusal !== '') {
     content.push({ type: 'refusal', refusal: msg.refusal });
   }
-  if (content.length > 0) output.push(messageItem(newId('msg'), content, 'completed'));
+  if (content.length > 0) output.push(messageItem(newId('msg'), content, itemStatus));
   for (const call of (msg.tool_calls as Json[] | null | undefined) ?? []) {
     const f = (call.function as Json | undefined) ?? {};
     output.push(
@@ -133,11 +135,10 @@ export function fromCompletion(s: Shell, completion: Json): Json {
         String(call.id),
         String(f.name ?? ''),
         String(f.arguments ?? ''),
-        'completed',
+        itemStatus,
       ),
     );
   }
-  const { status, reason } = statusOf(choice.finish_reason);
   return responseObject(s, status, output, {
     usage: usageOf(completion.usage as ChatUsage),
     incompleteReason: reason,
@@ -250,13 +251,14 @@ export class ResponseStream {
     return out;
   }
 
-  private closeMessage(): Json[] {
+  /** Closes the open message; `status` is the item's (`incomplete` when cut short). */
+  private closeMessage(status = 'completed'): Json[] {
     const m = this.msg;
     if (!m) return [];
     this.msg = null;
     const where = { item_id: m.id, output_index: m.outputIndex, content_index: 0 };
     const part = m.kind === 'text' ? textPart(m.text) : { type: 'refusal', refusal: m.text };
-    const item = messageItem(m.id, [part], 'completed');
+    const item = messageItem(m.id, [part], status);
     this.output[m.outputIndex] = item;
     return [
       m.kind === 'text'
@@ -305,21 +307,24 @@ export class ResponseStream {
 
   /** The stream ended normally: close every open item, then the final response. */
   end(): { events: Json[]; response: Json } {
-    const out = this.closeMessage();
+    const { status, reason } = statusOf(this.finish);
+    // Items cut short by the token limit are `incomplete`, as the response is.
+    const itemStatus = status === 'incomplete' ? 'incomplete' : 'completed';
+    const out = this.closeMessage(itemStatus);
     for (const call of this.calls.values()) {
-      const item = callItem(call.id, call.callId, call.name, call.args, 'completed');
+      const item = callItem(call.id, call.callId, call.name, call.args, itemStatus);
       this.output[call.outputIndex] = item;
       out.push(
         this.ev('response.function_call_arguments.done', {
           item_id: call.id,
           output_index: call.outputIndex,
+          name: call.name,
           arguments: call.args,
         }),
         this.ev('response.output_item.done', { output_index: call.outputIndex, item }),
       );
     }
     this.calls.clear();
-    const { status, reason } = statusOf(this.finish);
     const response = responseObject(this.shell, status, this.output, {
       usage: this.usage,
       incompleteReason: reason,
@@ -337,6 +342,15 @@ export class ResponseStream {
   } {
     const code = typeof error.code === 'string' ? error.code : 'server_error';
     const message = typeof error.message === 'string' ? error.message : 'The response failed.';
+    // What had streamed stays in the failed response, its items `incomplete`.
+    const m = this.msg;
+    if (m) {
+      const part = m.kind === 'text' ? textPart(m.text) : { type: 'refusal', refusal: m.text };
+      this.output[m.outputIndex] = messageItem(m.id, [part], 'incomplete');
+    }
+    for (const c of this.calls.values()) {
+      this.output[c.outputIndex] = callItem(c.id, c.callId, c.name, c.args, 'incomplete');
+    }
     const response = responseObject(this.shell, 'failed', this.output, {
       usage: this.usage,
       error: { code, message },

@@ -49,7 +49,9 @@ const functionCallOutput = z.object({
   id: z.string().optional(),
   status: z.string().optional(),
   call_id: z.string().min(1),
-  output: z.string(),
+  // A string, or text parts (the SDK's ResponseFunctionCallOutputItemList; images and
+  // files in it are refused in parseInputItem).
+  output: z.union([text, z.array(inputText)]),
 });
 
 export type InputItem =
@@ -109,6 +111,14 @@ const schema = z.looseObject({
   truncation: z.enum(['disabled', 'auto']).nullish(),
   include: z.array(z.string()).nullish(),
   background: z.boolean().nullish(),
+  // Accepted and type-checked; they change nothing here (no prompt cache to key or
+  // keep, no logprobs in the output, no built-in tools for max_tool_calls to bound).
+  prompt_cache_key: z.string().nullish(),
+  prompt_cache_retention: z.enum(['in_memory', '24h']).nullish(),
+  safety_identifier: z.string().nullish(),
+  top_logprobs: z.number().int().min(0).max(20).nullish(),
+  max_tool_calls: z.number().int().min(1).nullish(),
+  stream_options: z.object({ include_obfuscation: z.boolean().nullish() }).nullish(),
   conversation: z.union([z.string().min(1), z.object({ id: z.string().min(1) })]).nullish(),
 });
 
@@ -128,25 +138,32 @@ function unsupported(param: string, message: string): ServiceError {
   return new ServiceError('unsupported_value', { message, param });
 }
 
+/** Refuses image, file and audio parts, which no endpoint here reads, by name. */
+function unsupportedParts(parts: readonly unknown[], at: string): void {
+  parts.forEach((part, j) => {
+    const t = (part as { type?: unknown } | null)?.type;
+    if (t === 'input_image' || t === 'input_file' || t === 'input_audio') {
+      throw unsupported(
+        `${at}[${j}]`,
+        `Content of type '${t}' is not supported by this endpoint; send text.`,
+      );
+    }
+  });
+}
+
 /** One input item (of `input`, or of a conversation's `items`), `path` naming it in errors. */
 export function parseInputItem(v: unknown, path: Array<string | number>): InputItem {
   const at = formatPath(path)!;
   const type = (v as { type?: unknown } | null)?.type;
   if (type === 'function_call') return parseField(functionCall, v, path);
-  if (type === 'function_call_output') return parseField(functionCallOutput, v, path);
+  if (type === 'function_call_output') {
+    const output = (v as { output?: unknown }).output;
+    if (Array.isArray(output)) unsupportedParts(output, `${at}.output`);
+    return parseField(functionCallOutput, v, path);
+  }
   if (type === undefined || type === 'message') {
     const content = (v as { content?: unknown } | null)?.content;
-    if (Array.isArray(content)) {
-      content.forEach((part, j) => {
-        const t = (part as { type?: unknown } | null)?.type;
-        if (t === 'input_image' || t === 'input_file' || t === 'input_audio') {
-          throw unsupported(
-            `${at}.content[${j}]`,
-            `Content of type '${t}' is not supported by this endpoint; send text.`,
-          );
-        }
-      });
-    }
+    if (Array.isArray(content)) unsupportedParts(content, `${at}.content`);
     return parseField(message, v, path);
   }
   throw unsupported(
@@ -185,6 +202,13 @@ function newItemId(prefix: string): string {
 export function parseResponsesRequest(body: unknown): ResponsesRequest {
   const d = parseField(schema, body, []);
   if (d.background) throw unsupported('background', 'Background responses are not supported.');
+  // Features that would change the answer, which a silent skip would hide.
+  if (d.prompt != null) {
+    throw unsupported('prompt', 'Prompt templates are not supported; send the input itself.');
+  }
+  if (d.context_management != null) {
+    throw unsupported('context_management', 'Context management is not supported.');
+  }
   if (d.truncation === 'auto') {
     throw unsupported('truncation', "Only 'disabled' truncation is supported.");
   }
@@ -211,7 +235,13 @@ export function parseResponsesRequest(body: unknown): ResponsesRequest {
     }
   }
   const tools = (d.tools ?? []).map((t, i) => {
-    const type = (t as { type?: unknown } | null)?.type;
+    if (t === null || typeof t !== 'object' || Array.isArray(t)) {
+      throw new ServiceError('invalid_type', {
+        message: `Invalid 'tools[${i}]': expected an object.`,
+        param: `tools[${i}]`,
+      });
+    }
+    const type = (t as { type?: unknown }).type;
     if (type !== 'function') {
       throw unsupported(
         `tools[${i}].type`,
@@ -260,7 +290,9 @@ export function toChatMessages(items: readonly InputItem[]): ChatMessage[] {
         out.push({ role: 'assistant', content: null, tool_calls: [call] });
       }
     } else if (it.type === 'function_call_output') {
-      out.push({ role: 'tool', tool_call_id: it.call_id, content: it.output });
+      const content =
+        typeof it.output === 'string' ? it.output : it.output.map((p) => p.text).join('');
+      out.push({ role: 'tool', tool_call_id: it.call_id, content });
     } else if (typeof it.content === 'string') {
       out.push({ role: it.role, content: it.content });
     } else {
@@ -327,7 +359,11 @@ export function chatBody(r: ResponsesRequest, history: readonly ChatMessage[]): 
 /** A chat-route error's `param` in the Responses API's terms. */
 export function responsesParam(param: string | null): string | null {
   if (param === null) return null;
-  if (param.startsWith('response_format')) return param.replace('response_format', 'text.format');
+  // Responses' text.format holds json_schema's fields itself (text.format.schema).
+  if (param.startsWith('response_format')) {
+    return param.replace(/^response_format(\.json_schema)?/, 'text.format');
+  }
+  if (param.startsWith('tool_choice.function.')) return param.replace('.function.', '.');
   if (param.startsWith('messages')) return 'input';
   const renamed: Record<string, string> = {
     max_completion_tokens: 'max_output_tokens',

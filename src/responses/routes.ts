@@ -43,10 +43,12 @@ import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
 import { tables } from '../store/index.js';
+import { storableValue } from '../store/storable.js';
 import {
   fromCompletion,
   newId,
   outputMessages,
+  responseObject,
   ResponseStream,
   type Json,
   type Shell,
@@ -110,9 +112,14 @@ function chatError(status: number, text: string, headers: Record<string, unknown
   for (const [k, v] of Object.entries(e)) {
     if (!['code', 'message', 'param', 'type'].includes(k)) extra[k] = v;
   }
+  const chatParam = typeof e.param === 'string' ? e.param : null;
+  const param = responsesParam(chatParam);
+  let message = typeof e.message === 'string' ? e.message : `The request failed (HTTP ${status}).`;
+  // The message names the field as the chat route saw it: in this API's terms instead.
+  if (chatParam !== null && param !== null) message = message.replaceAll(chatParam, param);
   return new ServiceError(code as never, {
-    message: typeof e.message === 'string' ? e.message : `The request failed (HTTP ${status}).`,
-    param: responsesParam(typeof e.param === 'string' ? e.param : null),
+    message,
+    param,
     headers: passed,
     extra,
   });
@@ -244,7 +251,18 @@ class ResponsesApi {
     const isSse = String(res.headers['content-type'] ?? '').startsWith('text/event-stream');
     if (res.statusCode !== 200 || !isSse) {
       const text = await readAll(stream);
-      if (res.statusCode !== 200) throw chatError(res.statusCode, text, res.headers);
+      if (res.statusCode !== 200) {
+        const err = chatError(res.statusCode, text, res.headers);
+        // A request a worker took and could not answer (a timeout, a worker's
+        // failure) is a failed response, as a broken stream is: its event is sent.
+        if (res.statusCode >= 500 || res.statusCode === 408) {
+          const failed = responseObject(shell, 'failed', [], {
+            error: { code: err.code, message: err.message },
+          });
+          await this.finish(key, endpoint, r, history, failed);
+        }
+        throw err;
+      }
       const response = fromCompletion(shell, JSON.parse(text) as Json);
       await this.finish(key, endpoint, r, history, response);
       for (const h of PASSED_HEADERS) {
@@ -289,15 +307,15 @@ class ResponsesApi {
     };
     send(t.start());
     const parser = new SseParser();
-    let final: Json | null = null;
+    // The last events (`response.completed`, or `error` and `response.failed`) wait
+    // until the response is stored: a client that reads them and at once continues
+    // (`previous_response_id`, the conversation's next turn, `retrieve`) finds it.
+    let last: { events: Json[]; response: Json } | null = null;
     try {
       outer: for await (const chunk of chat) {
         for (const ev of parser.feed(chunk as Buffer)) {
           if (ev.event === 'error') {
-            const err = (JSON.parse(ev.data) as { error?: Json }).error ?? {};
-            const failed = t.fail(err);
-            send(failed.events);
-            final = failed.response;
+            last = t.fail((JSON.parse(ev.data) as { error?: Json }).error ?? {});
             break outer;
           }
           if (isDone(ev)) break outer;
@@ -308,20 +326,15 @@ class ResponsesApi {
       // The chat stream broke (the client left, or the injected request failed).
       if (raw.destroyed) return;
       this.s.logger.warn({ err }, 'responses: chat stream failed');
-      const failed = t.fail({ code: 'server_error', message: 'The response stream failed.' });
-      send(failed.events);
-      final = failed.response;
+      last = t.fail({ code: 'server_error', message: 'The response stream failed.' });
     }
     if (raw.destroyed) return;
-    if (final === null) {
-      const done = t.end();
-      send(done.events);
-      final = done.response;
-    }
-    raw.end();
-    await this.finish(key, endpoint, r, history, final).catch((err: unknown) => {
+    last ??= t.end();
+    await this.finish(key, endpoint, r, history, last.response).catch((err: unknown) => {
       this.s.logger.error({ err }, 'responses: storing a streamed response failed');
     });
+    send(last.events);
+    raw.end();
   }
 
   /** Stores the response (when asked) and emits its event, in one transaction. */
@@ -333,6 +346,9 @@ class ResponsesApi {
     response: Json,
   ): Promise<void> {
     const now = new Date(this.s.clock.now());
+    // The worker's text may hold what PostgreSQL cannot (U+0000, a lone surrogate):
+    // kept as U+FFFD, as stored chat completions are; the client got it as it was.
+    response = storableValue(response);
     const status = String(response.status);
     const output = response.output as Json[];
     const stored = r.items.map(storedItem) as Item[];

@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
+import { eq, sql } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import { inferenceFixture, until, type InferenceFixture } from '../support/inference.js';
 
@@ -190,6 +191,15 @@ describe('Responses API', () => {
         'text.format.schema',
       ],
       [{ input: 'x', previous_response_id: 'resp_nope' }, 'invalid_value', 'previous_response_id'],
+      [{ input: 'x', tools: [null] }, 'invalid_type', 'tools[0]'],
+      [{ input: 'x', prompt: { id: 'pmpt_1' } }, 'unsupported_value', 'prompt'],
+      [{ input: 'x', top_logprobs: 'x' }, 'invalid_type', 'top_logprobs'],
+      [{ input: 'x', stream_options: 5 }, 'invalid_type', 'stream_options'],
+      [
+        { input: 'x', tools: [weather], tool_choice: { type: 'function', name: 'zzz' } },
+        'invalid_value',
+        'tool_choice.name',
+      ],
       // From the chat path: the endpoint's model lacks json_schema.
     ];
     for (const [body, code, param] of cases) {
@@ -200,6 +210,8 @@ describe('Responses API', () => {
       assert.ok(err instanceof OpenAI.BadRequestError, JSON.stringify(body));
       assert.equal(err.code, code, JSON.stringify(body));
       assert.equal(err.param, param, JSON.stringify(body));
+      // A message naming a field names it as the param does, not as the chat route.
+      assert.ok(!/messages\[|response_format|tool_choice\.function/.test(err.message), err.message);
     }
   });
 });
@@ -264,6 +276,27 @@ describe('Responses API: the chat path’s errors and disconnects', () => {
     assert.ok(rows.some((e) => e.type === 'response.failed'));
   });
 
+  it('a non-streamed request past the tier deadline: 408, and a response.failed event', async () => {
+    f = await inferenceFixture({ tier: 'free', simOnFakeClock: true, sim: { ttftMs: 40_000 } });
+    const pending = f.client.responses.create({ model: 'x', input: 'hi' }, { maxRetries: 0 }).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    await until(() => f.worker.stats().running >= 1, 'the worker to start');
+    f.server.clock.advance(30_000);
+    const err = await pending;
+    assert.ok(err instanceof OpenAI.APIError);
+    assert.equal(err.status, 408);
+    const rows = await f.server.services.store.db.select().from(tables.events);
+    const failed = rows.filter((e) => e.type === 'response.failed');
+    assert.equal(failed.length, 1);
+    const { data } = JSON.parse(failed[0]!.body) as {
+      data: { status: string; error: { code: string } };
+    };
+    assert.equal(data.status, 'failed');
+    assert.equal(data.error.code, 'request_timeout');
+  });
+
   it('a client that leaves a stream aborts the worker’s generation', async () => {
     f = await inferenceFixture({ simOnFakeClock: true, sim: { ttftMs: 5_000, tpotMs: 1_000 } });
     // Before the first token (nothing answered yet) and after it.
@@ -290,5 +323,59 @@ describe('Responses API: the chat path’s errors and disconnects', () => {
       await until(() => f.worker.stats().aborted > aborted, 'the worker’s request aborted');
     }
     assert.equal(f.worker.stats().completed, 0);
+  });
+});
+
+describe('Responses API on PostgreSQL', { skip: !process.env.TEST_DATABASE_URL }, () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ driver: 'postgres' });
+  });
+  after(() => f.close());
+
+  it('a streamed response is stored before its response.completed is sent', async () => {
+    const db = f.server.services.store.db;
+    // Another connection holds the responses table (inserts wait) until the first
+    // text has streamed, and a moment longer.
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => (locked = r));
+    const lock = db.transaction(async (tx) => {
+      await tx.execute(sql`lock table responses in exclusive mode`);
+      locked();
+      await held;
+    });
+    await isLocked;
+    const stream = f.client.responses.stream({
+      model: 'x',
+      input: 'Tell a story.',
+      max_output_tokens: 24,
+    });
+    let storedWhenCompleted: boolean | null = null;
+    let timer: NodeJS.Timeout | undefined;
+    for await (const ev of stream) {
+      if (ev.type === 'response.output_text.delta' && timer === undefined) {
+        timer = setTimeout(release, 300);
+      }
+      if (ev.type === 'response.completed' || ev.type === 'response.incomplete') {
+        const rows = await db
+          .select({ id: tables.responses.id })
+          .from(tables.responses)
+          .where(eq(tables.responses.id, ev.response.id));
+        storedWhenCompleted = rows.length === 1;
+        // What a client does next: continue from it.
+        const next = await f.client.responses.create({
+          model: 'x',
+          input: 'And then?',
+          previous_response_id: ev.response.id,
+          max_output_tokens: 16,
+        });
+        assert.equal(next.previous_response_id, ev.response.id);
+      }
+    }
+    release();
+    await lock;
+    assert.equal(storedWhenCompleted, true);
   });
 });

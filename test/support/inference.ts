@@ -38,6 +38,8 @@ export async function inferenceFixture(
     creditCents?: number;
     keyScopes?: string[];
     env?: Record<string, string>;
+    /** The router's storage (PGlite unless asked; `postgres` needs TEST_DATABASE_URL). */
+    driver?: 'pglite' | 'postgres';
     deps?: Parameters<typeof startTestServer>[0] extends infer O
       ? O extends { deps?: infer D }
         ? D
@@ -46,6 +48,7 @@ export async function inferenceFixture(
   } = {},
 ): Promise<InferenceFixture> {
   const server = await startTestServer({
+    ...(opts.driver ? { driver: opts.driver } : {}),
     ...(opts.deps ? { deps: opts.deps } : {}),
     ...(opts.env ? { env: opts.env } : {}),
   });

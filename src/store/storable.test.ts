@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { storableJson } from './service.js';
+import { storableJson, storableValue } from './storable.js';
 
 describe('storableJson', () => {
   it('replaces every U+0000 with U+FFFD, in values and keys, and nothing else', () => {
@@ -49,5 +49,13 @@ describe('storableJson', () => {
   it('returns a text without U+0000 as it is', () => {
     const json = JSON.stringify({ content: 'plain \\u0000 text', n: 1 });
     assert.equal(storableJson(json), json);
+  });
+
+  it('storableValue: the same object when clean, a repaired copy when not', () => {
+    const clean = { a: ['x', { b: 'y \u{1F600}' }] };
+    assert.equal(storableValue(clean), clean);
+    const dirty = { output: [{ text: 'a\u0000b\ud800' }], n: 1 };
+    assert.deepEqual(storableValue(dirty), { output: [{ text: 'a\uFFFDb\uFFFD' }], n: 1 });
+    assert.equal(dirty.output[0]!.text, 'a\u0000b\ud800', 'the original is left as it was');
   });
 });
