@@ -17,6 +17,8 @@ export interface Candidate {
   agentExternalId: string;
   manifestHash: string;
   spec: ToolSpec;
+  /** The agent's CURVE key now (a session of another key is not this agent's). */
+  agentKey: string;
 }
 
 export interface CatalogEntry {
@@ -35,6 +37,7 @@ export class Catalog {
         externalId: A.externalId,
         manifest: A.manifest,
         manifestHash: A.manifestHash,
+        curvePublicKey: A.curvePublicKey,
       })
       .from(A)
       .where(and(eq(A.projectId, projectId), onlineAgent(now)))
@@ -68,6 +71,7 @@ export class Catalog {
           agentExternalId: a.externalId,
           manifestHash: a.manifestHash,
           spec,
+          agentKey: a.curvePublicKey,
         });
       }
     }
@@ -88,7 +92,7 @@ export class Catalog {
       .groupBy(I.agentId);
     for (const r of rows) if (r.agentId) load.set(r.agentId, r.n);
     const t = this.ctx.transport();
-    const connected = (c: Candidate) => (t?.isConnected(c.agentExternalId) ? 0 : 1);
+    const connected = (c: Candidate) => (t?.isConnected(c.agentExternalId, c.agentKey) ? 0 : 1);
     return found.sort(
       (x, y) =>
         connected(x) - connected(y) || (load.get(x.agentId) ?? 0) - (load.get(y.agentId) ?? 0),
@@ -103,7 +107,7 @@ export class Catalog {
   async available(projectId: string, tool: string): Promise<boolean> {
     const t = this.ctx.transport();
     const found = await this.candidates(projectId, tool);
-    return t ? found.some((c) => t.isConnected(c.agentExternalId)) : found.length > 0;
+    return t ? found.some((c) => t.isConnected(c.agentExternalId, c.agentKey)) : found.length > 0;
   }
 }
 

@@ -94,6 +94,11 @@ export interface DispatchRequest {
   tool: string;
   arguments: unknown;
   timeoutMs: number;
+  /**
+   * The agent's CURVE key as the control plane knows it now: a session opened with
+   * another (rotated-out) key is not sent the invocation.
+   */
+  agentKey?: string;
 }
 
 /** Implemented by the control plane; called by the broker. */
@@ -106,7 +111,8 @@ export interface AgentDirectory {
    */
   agentForKey(curvePublicKey: string): Promise<{ agentId: string } | null>;
   /** A lease renewal (heartbeat) arrived; returns the new lease length or null if the agent is unknown/deleted. */
-  renew(agentId: string): Promise<{ leaseMs: number } | null>;
+  /** Null when the agent is gone, or (with `agentKey`) no longer holds that key. */
+  renew(agentId: string, agentKey?: string): Promise<{ leaseMs: number } | null>;
   /** The agent accepted the dispatch and started the tool. */
   started(invocationId: string, agentId: string): Promise<void>;
   /** The agent reported the outcome. */
@@ -119,8 +125,11 @@ export interface AgentTransport {
   readonly serverPublicKey: string;
   /** Endpoints agents connect to, e.g. `tcp://127.0.0.1:7601`. */
   readonly endpoints: { enroll: string; agents: string };
-  /** Is the agent connected to this broker now (session open, lease current)? */
-  isConnected(agentId: string): boolean;
+  /**
+   * Is the agent connected to this broker now (session open, lease current)? With
+   * `agentKey`: over a session opened with that key (not one rotated out since).
+   */
+  isConnected(agentId: string, agentKey?: string): boolean;
   /** Sends the invocation to the agent. Rejects when the agent is not connected. */
   dispatch(agentId: string, req: DispatchRequest): Promise<void>;
   /** Asks the agent to kill the running tool (SIGTERM then SIGKILL); it answers with `cancelled`. */

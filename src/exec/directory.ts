@@ -276,8 +276,12 @@ export class Directory implements AgentDirectory {
     return a ? { agentId: a.externalId } : null;
   }
 
-  /** A renewal also brings an offline (not deleted) agent back online. */
-  async renew(agentId: string): Promise<{ leaseMs: number } | null> {
+  /**
+   * A renewal also brings an offline (not deleted) agent back online. With
+   * `agentKey` (the key its session was opened with), only while the agent still
+   * holds that key: a session of a rotated-out key is not renewed.
+   */
+  async renew(agentId: string, agentKey?: string): Promise<{ leaseMs: number } | null> {
     const nowMs = this.ctx.clock.now();
     const now = new Date(nowMs);
     const rows = await this.ctx.db
@@ -288,7 +292,13 @@ export class Directory implements AgentDirectory {
         lastSeenAt: now,
         updatedAt: now,
       })
-      .where(and(eq(A.externalId, agentId), isNull(A.deletedAt)))
+      .where(
+        and(
+          eq(A.externalId, agentId),
+          isNull(A.deletedAt),
+          agentKey === undefined ? undefined : eq(A.curvePublicKey, agentKey),
+        ),
+      )
       .returning({ id: A.id });
     return rows.length ? { leaseMs: this.ctx.settings.leaseMs } : null;
   }

@@ -28,6 +28,7 @@ import { isUniqueViolation, tables } from '../store/index.js';
 import type { Approvals } from './approvals.js';
 import { canonicalHash } from './canonical.js';
 import type { Catalog, Candidate } from './catalog.js';
+import type { AgentTransport } from './contracts.js';
 import {
   emit,
   INVOCATION_STATUSES,
@@ -102,6 +103,12 @@ export class Invocations {
       throw new ServiceError('missing_workspace_id', { param: 'workspace_id' });
     }
     const body = parseBody(createBody, raw);
+    if (nestedDeeperThan(body.arguments, MAX_ARGUMENT_DEPTH)) {
+      throw new ServiceError('invalid_body', {
+        message: `Invalid 'arguments': nested deeper than ${MAX_ARGUMENT_DEPTH} levels.`,
+        param: 'arguments',
+      });
+    }
     if (idempotencyKey !== undefined && !IDEMPOTENCY_KEY.test(idempotencyKey)) {
       throw new ServiceError('invalid_body', {
         message: 'Idempotency-Key must be 1..255 printable ASCII characters.',
@@ -137,7 +144,9 @@ export class Invocations {
     // for an online agent: the scheduler of the broker instance holding that
     // agent's session dispatches it (its next tick), as after an approval.
     const target =
-      destructive || !t ? chosen : candidates.find((c) => t.isConnected(c.agentExternalId));
+      destructive || !t
+        ? chosen
+        : candidates.find((c) => mayRun(c, chosen.spec.risk, body.arguments) && connected(t, c));
     if (!target) throw unavailable(`No agent offering '${body.tool}' is connected.`);
     const chain = destructive ? await this.approvals().chain(projectId) : [];
     const now = new Date(this.ctx.clock.now());
@@ -255,6 +264,7 @@ export class Invocations {
         tool: inv.tool,
         arguments: inv.arguments,
         timeoutMs: inv.timeoutMs,
+        agentKey: agent.agentKey,
       });
     } catch (err) {
       this.ctx.logger.warn(
@@ -305,10 +315,12 @@ export class Invocations {
   async dispatchQueued(inv: InvocationRow): Promise<void> {
     const t = this.ctx.transport();
     if (!t) return;
-    const candidates = await this.catalog.candidates(inv.projectId, inv.tool);
-    const agent =
-      candidates.find((c) => c.agentId === inv.agentId && t.isConnected(c.agentExternalId)) ??
-      candidates.find((c) => t.isConnected(c.agentExternalId));
+    // Another agent may take it, but only one whose declaration of the tool needs no
+    // approval this invocation lacks, and whose own schema accepts its arguments.
+    const candidates = (await this.catalog.candidates(inv.projectId, inv.tool)).filter(
+      (c) => mayRun(c, inv.risk, inv.arguments) && connected(t, c),
+    );
+    const agent = candidates.find((c) => c.agentId === inv.agentId) ?? candidates[0];
     if (agent) await this.dispatch(inv, agent);
   }
 
@@ -492,6 +504,42 @@ export class Invocations {
     if (inv.status === 'dispatched' || inv.status === 'running') await this.cancelOnAgent(inv);
     return this.view(moved);
   }
+}
+
+/**
+ * Arguments nest at most this deep: hashing them (canonical.ts), validating them and
+ * storing them all walk the value, and a body of a few KB could nest thousands of
+ * levels (a 500 from a stack overflow, before this check).
+ */
+const MAX_ARGUMENT_DEPTH = 64;
+
+/** True when `value` has arrays or objects nested more than `max` levels. */
+function nestedDeeperThan(value: unknown, max: number): boolean {
+  // An explicit stack, not recursion: the value may be nested thousands of levels deep.
+  const stack: Array<[unknown, number]> = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (v === null || typeof v !== 'object') continue;
+    if (depth > max) return true;
+    for (const child of Object.values(v)) stack.push([child, depth + 1]);
+  }
+  return false;
+}
+
+/**
+ * May agent `c` run an invocation created with `risk` and these arguments? Its own
+ * declaration of the tool must not need an approval the invocation did not get
+ * (`destructive` where it was created lower), and its own schema must accept the
+ * arguments: agents of one project may declare a tool of the same name differently.
+ */
+function mayRun(c: Candidate, risk: string, args: unknown): boolean {
+  if (c.spec.risk === 'destructive' && risk !== 'destructive') return false;
+  return checkArguments(c.manifestHash, c.spec, args) === null;
+}
+
+/** Connected to this broker over a session of the agent's current key. */
+function connected(t: AgentTransport, c: Candidate): boolean {
+  return t.isConnected(c.agentExternalId, c.agentKey);
 }
 
 function unavailable(message: string): ServiceError {

@@ -65,10 +65,34 @@ function ajvLib(): Ajv2020Type {
     const { Ajv2020 } = createRequire(import.meta.url)('ajv/dist/2020.js') as {
       Ajv2020: typeof Ajv2020Type;
     };
-    ajvInstance = new Ajv2020({ allErrors: false, strict: false, validateFormats: false });
+    ajvInstance = new Ajv2020({
+      allErrors: false,
+      strict: false,
+      validateFormats: false,
+      code: { regExp: linearRegExp },
+    });
   }
   return ajvInstance;
 }
+
+/**
+ * `pattern` and `patternProperties` run on RE2's linear-time engine (re2js, pure
+ * JavaScript), not V8's backtracking RegExp: an agent's schema pattern such as
+ * `^(a+)+$` and a client's argument of 30 `a`s and a `!` would otherwise hold the
+ * router's event loop for seconds, for every tenant (and twice as long per extra
+ * character). A pattern RE2 cannot run (backreferences, lookaround) fails to
+ * compile, so its manifest is refused at enrollment (`exec_manifest_invalid`).
+ */
+const linearRegExp = Object.assign(
+  (pattern: string) => {
+    const { RE2JS } = createRequire(import.meta.url)('re2js') as typeof import('re2js');
+    const re = RE2JS.compile(pattern);
+    // Ajv keeps compiled patterns by their string form: it must be the pattern (as
+    // RegExp's and the re2 package's are), or every pattern would share the first.
+    return { test: (s: string) => re.matcher(s).find(), toString: () => pattern };
+  },
+  { code: 'RE2JS' },
+);
 
 export function validateManifest(raw: unknown): ManifestCheck {
   const r = manifestSchema.safeParse(raw);

@@ -117,8 +117,8 @@ export class ExecService implements AgentDirectory {
   agentForKey(curvePublicKey: string): Promise<{ agentId: string } | null> {
     return this.directory.agentForKey(curvePublicKey);
   }
-  renew(agentId: string): Promise<{ leaseMs: number } | null> {
-    return this.directory.renew(agentId);
+  renew(agentId: string, agentKey?: string): Promise<{ leaseMs: number } | null> {
+    return this.directory.renew(agentId, agentKey);
   }
   started(invocationId: string, agentId: string): Promise<void> {
     return this.directory.started(invocationId, agentId);

@@ -195,6 +195,32 @@ describe('broker authentication', () => {
     );
   });
 
+  it('a rotated-out key: sent nothing, and its session ends at its next renewal', async () => {
+    const old = generateKeyPair();
+    const agentId = directory.add(old.publicKey, 'rotating');
+    const p = peer(broker.endpoints.agents, { server: server.publicKey, pair: old });
+    assert.equal((await p.request(helloMsg(old.publicKey, old), 2_000))?.type, 'WELCOME');
+    assert.ok(broker.isConnected(agentId, old.publicKey));
+    const fresh = generateKeyPair();
+    directory.rotate(agentId, fresh.publicKey);
+    // The control plane dispatches with the agent's key now: not to this session.
+    assert.equal(broker.isConnected(agentId, fresh.publicKey), false);
+    await assert.rejects(
+      broker.dispatch(agentId, {
+        invocationId: 'inv_rot',
+        tool: 't',
+        arguments: {},
+        timeoutMs: 1_000,
+        agentKey: fresh.publicKey,
+      }),
+      /not connected/,
+    );
+    const reply = await p.request({ v: 1, type: 'RENEW' }, 2_000);
+    assert.equal(reply?.type, 'BYE');
+    assert.equal(reply?.code, 'agent_unknown');
+    assert.equal(broker.isConnected(agentId), false);
+  });
+
   it('a message before HELLO gets BYE session_unknown', async () => {
     const pair = generateKeyPair();
     directory.add(pair.publicKey, 'early');

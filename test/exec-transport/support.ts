@@ -94,11 +94,20 @@ export class FakeDirectory implements AgentDirectory {
     return rec ? { agentId: rec.agentId } : null;
   }
 
-  async renew(agentId: string): Promise<{ leaseMs: number } | null> {
+  async renew(agentId: string, agentKey?: string): Promise<{ leaseMs: number } | null> {
     this.renewals.push(agentId);
-    return [...this.agents.values()].some((a) => a.agentId === agentId)
+    return [...this.agents.values()].some(
+      (a) => a.agentId === agentId && (agentKey === undefined || a.key === agentKey),
+    )
       ? { leaseMs: this.leaseMs }
       : null;
+  }
+
+  /** The agent's key replaced, as the API's rotate_key does. */
+  rotate(agentId: string, newKey: string): void {
+    const rec = [...this.agents.values()].find((a) => a.agentId === agentId)!;
+    this.agents.delete(rec.key);
+    this.agents.set(newKey, { ...rec, key: newKey });
   }
 
   async started(invocationId: string, agentId: string): Promise<void> {

@@ -10,10 +10,13 @@ import { after, before, describe, it } from 'node:test';
 import { sql } from 'drizzle-orm';
 import { http, drivers, startTestServer, type Res, type TestServer } from '../support/harness.js';
 import {
+  curveKey,
   enrollAgent,
   events,
   expectError,
   FakeTransport,
+  joinKey,
+  manifest,
   seedExecProject,
   tool,
   workspace,
@@ -481,6 +484,98 @@ for (const driver of drivers()) {
       const got = await call('GET', `/invocations/${String(r.body.id)}`);
       assert.equal(got.body.status, 'dispatched');
       await drain();
+    });
+
+    it('a queued invocation goes only to an agent whose own declaration of the tool may run it', async () => {
+      await drain();
+      // Two agents declare `op`: the older one destructive (needs approval), the newer
+      // (chosen at creation) low. Likewise `op2`: the older one's schema refuses the
+      // arguments the newer one's accepts.
+      const strict = await enrollAgent(s, p, {
+        name: 'op-strict',
+        tools: [
+          tool('op', { risk: 'destructive' }),
+          tool('op2', {
+            input_schema: {
+              type: 'object',
+              properties: { n: { type: 'integer' } },
+              required: ['n'],
+            },
+          }),
+        ],
+      });
+      s.clock.advance(1_000); // enrolled later: the first candidate
+      const loose = await enrollAgent(s, p, {
+        name: 'op-loose',
+        tools: [tool('op'), tool('op2', { input_schema: { type: 'object' } })],
+      });
+      s.services.exec.setTransport(null);
+      const op = await create({ tool: 'op', arguments: { path: '/' }, workspace_id: ws });
+      const op2 = await create({ tool: 'op2', arguments: { n: 'x' }, workspace_id: ws });
+      assert.deepEqual([op.body.status, op2.body.status], ['queued', 'queued'], op.text);
+      assert.equal(op.body.risk, 'low');
+      // Only the agent that may not run them is connected to this broker: nothing goes.
+      t.connected.add(strict.agentId);
+      t.connected.delete(loose.agentId);
+      s.services.exec.setTransport(t);
+      const before = t.dispatched.length;
+      await s.services.exec.tick();
+      assert.equal(t.dispatched.length, before, 'no approval bypass, no unchecked arguments');
+      assert.equal((await call('GET', `/invocations/${String(op.body.id)}`)).body.status, 'queued');
+      t.connected.add(loose.agentId);
+      await s.services.exec.tick();
+      assert.deepEqual(
+        t.dispatched
+          .slice(before)
+          .map((d) => d.agentId)
+          .sort(),
+        [loose.agentId, loose.agentId],
+      );
+      t.connected.delete(strict.agentId);
+      t.connected.delete(loose.agentId);
+      await drain();
+    });
+
+    it('schema patterns run in linear time; one RE2 cannot run is refused at enrollment', async () => {
+      await drain();
+      const schema = (pattern: string) => ({
+        type: 'object',
+        properties: { s: { type: 'string', pattern } },
+        required: ['s'],
+      });
+      await enrollAgent(s, p, {
+        name: 'redos',
+        tools: [tool('greedy', { input_schema: schema('^(a+)+$') })],
+        transport: t,
+      });
+      // 40 `a`s and a `!`: a backtracking engine needs about 2^40 steps (hours, with
+      // the router's event loop held for every tenant); RE2 answers at once.
+      const r = await create({
+        tool: 'greedy',
+        arguments: { s: `${'a'.repeat(40)}!` },
+        workspace_id: ws,
+      });
+      expectError(r, 400, 'invalid_body', { param: 'arguments.s' });
+      const ok = await create({ tool: 'greedy', arguments: { s: 'aaaa' }, workspace_id: ws });
+      assert.equal(ok.status, 201, ok.text);
+      // A backreference is not a regular language: RE2 cannot run it, so it is refused.
+      const refused = await s.services.exec.enroll({
+        joinKey: await joinKey(s, p),
+        registrationName: 'backref',
+        curvePublicKey: curveKey(),
+        manifest: manifest(tool('echoes', { input_schema: schema('^(a)\\1$') })),
+      });
+      assert.equal(refused.ok, false);
+      assert.equal(!refused.ok && refused.code, 'exec_manifest_invalid');
+      await drain();
+    });
+
+    it('arguments nested past 64 levels: 400 invalid_body naming arguments, not 500', async () => {
+      await drain();
+      let deep: unknown = 'x';
+      for (let i = 0; i < 3_000; i++) deep = [deep];
+      const r = await create({ tool: 'run', arguments: { deep }, workspace_id: ws });
+      expectError(r, 400, 'invalid_body', { param: 'arguments' });
     });
 
     it('unavailable 503: agent not connected, transport refusal, project queue full', async () => {

@@ -143,6 +143,9 @@ for (const driver of drivers()) {
       assert.equal(rot.status, 200, rot.text);
       assert.equal(rot.body.curve_public_key, newKey);
       assert.equal(await s.services.exec.agentForKey(oldKey), null);
+      // A session opened with the old key is not renewed; one with the new key is.
+      assert.equal(await s.services.exec.renew(a.agentId, oldKey), null);
+      assert.ok(await s.services.exec.renew(a.agentId, newKey));
       assert.deepEqual(await s.services.exec.agentForKey(newKey), { agentId: a.agentId });
       const kr = (await events(s, p.projectUuid, 'agent.key_rotated')).find(
         (e) => e.data.agent_id === a.agentId,

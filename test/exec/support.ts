@@ -24,7 +24,10 @@ export class FakeTransport implements AgentTransport {
   }
   async dispatch(agentId: string, req: DispatchRequest): Promise<void> {
     if (this.refuse || !this.connected.has(agentId)) throw new Error('agent not connected');
-    this.dispatched.push({ agentId, req });
+    // What goes on the wire: the key only picks the session.
+    const wire = { ...req };
+    delete wire.agentKey;
+    this.dispatched.push({ agentId, req: wire });
   }
   async cancel(agentId: string, invocationId: string): Promise<void> {
     this.cancelled.push({ agentId, invocationId });

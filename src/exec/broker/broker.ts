@@ -153,9 +153,13 @@ export class Broker implements AgentTransport {
     return broker;
   }
 
-  isConnected(agentId: string): boolean {
+  isConnected(agentId: string, agentKey?: string): boolean {
     const s = this.sessionsByAgent.get(agentId);
-    return s !== undefined && this.opts.clock.now() < s.renewedAt + s.leaseMs;
+    return (
+      s !== undefined &&
+      (agentKey === undefined || s.agentKey === agentKey) &&
+      this.opts.clock.now() < s.renewedAt + s.leaseMs
+    );
   }
 
   /** Agent ids with a current session (for diagnostics). */
@@ -164,7 +168,7 @@ export class Broker implements AgentTransport {
   }
 
   async dispatch(agentId: string, req: DispatchRequest): Promise<void> {
-    const s = this.requireSession(agentId);
+    const s = this.requireSession(agentId, req.agentKey);
     await this.sendToSession(s, {
       type: 'DISPATCH',
       invocation_id: req.invocationId,
@@ -221,8 +225,10 @@ export class Broker implements AgentTransport {
     this.opts.logger.info('exec broker stopped');
   }
 
-  private requireSession(agentId: string): Session {
-    if (this.closing || !this.isConnected(agentId)) throw new AgentNotConnectedError(agentId);
+  private requireSession(agentId: string, agentKey?: string): Session {
+    if (this.closing || !this.isConnected(agentId, agentKey)) {
+      throw new AgentNotConnectedError(agentId);
+    }
     return this.sessionsByAgent.get(agentId)!;
   }
 
@@ -386,10 +392,16 @@ export class Broker implements AgentTransport {
         this.dropSession(s);
         return;
       case 'RENEW': {
-        const lease = await this.opts.directory.renew(s.agentId);
+        // The key this session was opened with must still be the agent's: a rotated-out
+        // key loses its session at its next renewal (and is sent nothing meanwhile).
+        const lease = await this.opts.directory.renew(s.agentId, s.agentKey);
         if (!lease) {
           this.dropSession(s);
-          await reply({ type: 'BYE', code: 'agent_unknown', message: 'agent is not enrolled' });
+          await reply({
+            type: 'BYE',
+            code: 'agent_unknown',
+            message: 'agent is not enrolled with this key',
+          });
           return;
         }
         s.renewedAt = this.opts.clock.now();
