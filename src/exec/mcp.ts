@@ -24,6 +24,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey } from '../http/auth.js';
+import { refuseBoundKey } from '../http/project-wide.js';
 import { parseBody } from '../http/validate.js';
 import type { KeyVerifier } from '../keys/index.js';
 import { tables } from '../store/index.js';
@@ -354,6 +355,7 @@ export function mountMcp(
       surface: 'exec',
       quota: limits,
     });
+    refuseBoundKey(key, 'the execution surface');
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();
     const server = buildServer(mcp, {

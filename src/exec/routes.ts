@@ -18,6 +18,7 @@ import type {
 } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey, requireKey } from '../http/auth.js';
+import { projectWide, refuseBoundKey } from '../http/project-wide.js';
 import { execErrorHandler } from '../http/errors.js';
 import type { KeyVerifier } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
@@ -32,9 +33,17 @@ interface P {
 export function execRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     const quota = s.limits;
-    const management = { preParsing: requireKey(s.verifier, 'management', { quota }) };
+    const management = {
+      preParsing: [
+        requireKey(s.verifier, 'management', { quota }),
+        projectWide('join keys and agents'),
+      ],
+    };
     const execution = {
-      preParsing: requireKey(s.verifier, 'execution', { surface: 'exec', quota }),
+      preParsing: [
+        requireKey(s.verifier, 'execution', { surface: 'exec', quota }),
+        projectWide('the execution surface'),
+      ],
     };
     const x = s.exec;
     const m = x.management;
@@ -196,5 +205,6 @@ function brokerScope(verifier: KeyVerifier, limits: Limits): preHandlerAsyncHook
         message: "This route requires the 'execution' scope.",
       });
     }
+    refuseBoundKey(key, 'the execution surface');
   };
 }

@@ -7,8 +7,8 @@
  * no scope it lacks (service.ts).
  */
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
-import { ServiceError } from '../errors/index.js';
 import { requireKey } from '../http/auth.js';
+import { projectWide } from '../http/project-wide.js';
 import type { Services } from '../runtime/services.js';
 
 interface P {
@@ -18,13 +18,7 @@ interface P {
 export function keyRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
-    app.addHook('preParsing', async (request) => {
-      if (request.apiKey!.endpointId !== null) {
-        throw new ServiceError('endpoint_restricted', {
-          message: 'A key bound to an endpoint cannot manage the project’s keys.',
-        });
-      }
-    });
+    app.addHook('preParsing', projectWide('the project’s keys'));
     const project = (req: { apiKey?: { projectId: string; projectSlug: string } }) => ({
       id: req.apiKey!.projectId,
       slug: req.apiKey!.projectSlug,

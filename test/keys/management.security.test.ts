@@ -69,11 +69,24 @@ describe('key management security', () => {
     assert.equal((await s.call('DELETE', keys(`/${other.id}`), { key: p.key })).status, 200);
   });
 
-  it('a key bound to an endpoint cannot manage keys', async () => {
-    const bound = await operatorKey({ scopes: ['management'], endpointId: p.endpointId });
+  it('a key bound to an endpoint cannot use project-wide routes (keys, alerts, agents, exec)', async () => {
+    const bound = await operatorKey({
+      scopes: ['management', 'execution', 'inference'],
+      endpointId: p.endpointId,
+    });
+    const v1 = `/${p.projectId}/v1`;
     for (const [method, path, body] of [
       ['GET', keys(), undefined],
       ['POST', keys(), {}],
+      ['POST', `${v1}/budget_alerts`, { name: 'b', threshold_cents: 100 }],
+      ['GET', `${v1}/budget_alerts`, undefined],
+      ['POST', `${v1}/join_keys`, {}],
+      ['GET', `${v1}/agents`, undefined],
+      ['POST', `${v1}/exec/workspaces`, { name: 'w' }],
+      ['GET', `${v1}/exec/invocations`, undefined],
+      ['GET', `${v1}/exec/tools`, undefined],
+      ['GET', `${v1}/exec/broker`, undefined],
+      ['POST', `${v1}/mcp`, { jsonrpc: '2.0', id: 1, method: 'tools/list' }],
     ] as const) {
       const r = await s.call(method, path, { key: bound.key, ...(body ? { body } : {}) });
       assert.equal(r.status, 403, `${method} ${path}`);
