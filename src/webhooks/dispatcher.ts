@@ -226,6 +226,9 @@ export class Dispatcher {
                 eq(D.status, 'pending'),
                 sql`${D.nextAttemptAt} <= ${now}`,
                 sql`(${D.leaseUntil} is null or ${D.leaseUntil} <= ${now})`,
+                // A disabled webhook's retries wait with it (paused for maintenance,
+                // say) and go on where they were once it is enabled again.
+                eq(E.isActive, 1),
               ),
         )
         .orderBy(D.nextAttemptAt)

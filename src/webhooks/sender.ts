@@ -7,7 +7,7 @@
 import type { Dispatcher } from 'undici';
 import { request } from '../runtime/http-client.js';
 
-export const USER_AGENT = 'Switchyard-Webhooks/1.0 (+https://github.com/switchyard)';
+export const USER_AGENT = 'Switchyard-Webhooks/1.0';
 export const RESPONSE_BODY_LIMIT = 1024;
 
 export interface SendResult {

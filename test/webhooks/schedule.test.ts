@@ -38,6 +38,7 @@ describe('webhook delivery schedule', () => {
   let stub: StubReceiver;
   let projectUuid: string;
   let webhook: { id: string; secret: string };
+  let setActive: (active: boolean) => Promise<void>;
   before(async () => {
     let clockNow = () => 0;
     stub = new StubReceiver(() => clockNow());
@@ -51,6 +52,13 @@ describe('webhook delivery schedule', () => {
     });
     assert.equal(r.status, 201, r.text);
     webhook = { id: String(r.body.id), secret: String(r.body.secret) };
+    setActive = async (active) => {
+      const u = await s.call('PUT', `/${p.projectId}/v1/webhooks/${webhook.id}`, {
+        key: p.key,
+        body: { is_active: active },
+      });
+      assert.equal(u.status, 200, u.text);
+    };
   });
   after(() => s.close());
 
@@ -155,6 +163,23 @@ describe('webhook delivery schedule', () => {
     assert.equal(stub.received.length, 3);
     s.clock.advance(24 * 3600_000);
     assert.equal(await s.services.dispatcher.tick(), 0);
+  });
+
+  it('a disabled webhook’s waiting retries wait with it, and go on once it is enabled', async () => {
+    stub.received = [];
+    stub.answers = [500, 204];
+    const id = await emit();
+    assert.equal(await s.services.dispatcher.tick(), 1);
+    await setActive(false);
+    s.clock.advance(RETRY_DELAYS_MS[0] * 10);
+    assert.equal(await s.services.dispatcher.tick(), 0, 'nothing sent while disabled');
+    const waiting = await delivery(id);
+    assert.deepEqual([waiting.status, waiting.attemptCount], ['pending', 1]);
+    await setActive(true);
+    assert.equal(await s.services.dispatcher.tick(), 1);
+    const d = await delivery(id);
+    assert.deepEqual([d.status, d.attemptCount, d.httpStatus], ['delivered', 2, 204]);
+    assert.equal(stub.received.length, 2);
   });
 
   it('a receiver that does not answer within 30 s is a failed attempt', async () => {
