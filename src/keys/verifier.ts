@@ -42,6 +42,14 @@ export class KeyVerifier {
   private readonly known: LRUCache<string, Cached>;
   private readonly unknown: LRUCache<string, true>;
   private readonly pending = new Map<string, Promise<Cached | null>>();
+  /**
+   * Bumped by `invalidate` and `clear`: a lookup that started before is not cached
+   * when it ends (it may hold the row as it was before the revocation), and
+   * requests after the invalidation start a lookup of their own instead of joining
+   * it. Without this, a lookup in flight when another instance's revocation arrived
+   * put the unrevoked row back for a whole TTL.
+   */
+  private generation = 0;
   /** Key id → when it last verified, not yet written (`flushUse`). */
   private used = new Map<string, number>();
   private useTimer: Timer | null = null;
@@ -130,29 +138,38 @@ export class KeyVerifier {
 
   /** Drops cached verifications of a key (after revoke or rotation). */
   invalidate(keyId: string): void {
+    this.generation++;
+    // A lookup in flight is by hash, its key not known yet: all are let go.
+    this.pending.clear();
     for (const [hash, entry] of this.known.entries()) {
       if (entry.lookup.record.id === keyId) this.known.delete(hash);
     }
   }
 
   clear(): void {
+    this.generation++;
+    this.pending.clear();
     this.known.clear();
   }
 
   private load(hash: string, stale: Cached | undefined): Promise<Cached | null> {
     let p = this.pending.get(hash);
     if (p) return p;
+    const generation = this.generation;
     p = this.repo
       .findBySecretHash(hash)
       .then(
         (found) => {
+          const current = generation === this.generation;
           if (!found) {
-            this.known.delete(hash);
-            this.unknown.set(hash, true);
+            if (current) {
+              this.known.delete(hash);
+              this.unknown.set(hash, true);
+            }
             return null;
           }
           const entry: Cached = { lookup: found, hash: found.hash, fetchedAt: this.clock.now() };
-          this.known.set(hash, entry);
+          if (current) this.known.set(hash, entry);
           return entry;
         },
         (err: unknown) => {
@@ -163,7 +180,9 @@ export class KeyVerifier {
           throw err;
         },
       )
-      .finally(() => this.pending.delete(hash));
+      .finally(() => {
+        if (this.pending.get(hash) === p) this.pending.delete(hash);
+      });
     this.pending.set(hash, p);
     return p;
   }

@@ -24,6 +24,13 @@ interface Entry<V> {
 export class TtlCache<V> {
   private readonly entries: LRUCache<string, Entry<V>>;
   private readonly pending = new Map<string, Promise<V>>();
+  /**
+   * Bumped by every `delete` and `clear`: a load that started before is not cached
+   * when it ends, since it may have read what the invalidation was about (a row
+   * read just before a suspension, committed elsewhere, would otherwise be cached
+   * again after its invalidation arrived, and served for a TTL or longer).
+   */
+  private generation = 0;
 
   constructor(
     private readonly clock: Clock,
@@ -55,12 +62,14 @@ export class TtlCache<V> {
   }
 
   private refresh(key: string, load: () => Promise<V>, e: Entry<V> | undefined): Promise<V> {
-    let p = this.pending.get(key);
-    if (p) return p;
-    p = load()
+    const joined = this.pending.get(key);
+    if (joined) return joined;
+    const generation = this.generation;
+    const q: Promise<V> = load()
       .then(
         (value) => {
-          this.entries.set(key, { value, at: this.clock.now() });
+          if (generation === this.generation)
+            this.entries.set(key, { value, at: this.clock.now() });
           return value;
         },
         (err: unknown) => {
@@ -68,16 +77,23 @@ export class TtlCache<V> {
           throw err;
         },
       )
-      .finally(() => this.pending.delete(key));
-    this.pending.set(key, p);
-    return p;
+      .finally(() => {
+        if (this.pending.get(key) === q) this.pending.delete(key);
+      });
+    this.pending.set(key, q);
+    return q;
   }
 
+  /** Drops the entry; a load in flight for it is neither joined nor cached. */
   delete(key: string): void {
+    this.generation++;
     this.entries.delete(key);
+    this.pending.delete(key);
   }
 
   clear(): void {
+    this.generation++;
     this.entries.clear();
+    this.pending.clear();
   }
 }

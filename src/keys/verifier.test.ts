@@ -1,0 +1,113 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { FakeClock } from '../runtime/clock.js';
+import { TtlCache } from '../runtime/ttl-cache.js';
+import { generateKey, hashKey } from './format.js';
+import type { KeyRecord } from './record.js';
+import type { KeyRepository, SecretLookup } from './repository.js';
+import { KeyVerifier } from './verifier.js';
+
+/** A lookup the test answers when it chooses (a database reply in flight). */
+function deferred<T>() {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+const record = (revokedAt: Date | null): KeyRecord => ({
+  id: 'key-1',
+  projectId: 'p',
+  projectExternalId: 'proj_p',
+  projectSlug: 'p',
+  name: 'k',
+  prefix: 'swy_p_',
+  scopes: ['inference'],
+  expiresAt: null,
+  allowedIps: [],
+  blockedIps: [],
+  quotaRequests: 0,
+  quotaWindow: 60,
+  endpointId: null,
+  revokedAt,
+  rotatedAt: null,
+  lastUsedAt: null,
+  createdAt: new Date(0),
+});
+
+describe('invalidation racing a lookup in flight', () => {
+  it('a revocation that arrives while the key is being looked up is not undone', async () => {
+    const { value } = generateKey('p');
+    const hash = hashKey(value);
+    const lookups: Array<ReturnType<typeof deferred<(SecretLookup & { hash: string }) | null>>> =
+      [];
+    const repo = {
+      findBySecretHash: () => {
+        const d = deferred<(SecretLookup & { hash: string }) | null>();
+        lookups.push(d);
+        return d.promise;
+      },
+    } as unknown as KeyRepository;
+    const v = new KeyVerifier(repo, new FakeClock(), { cacheSize: 10, ttlMs: 600_000 });
+    const auth = `Bearer ${value}`;
+    // A request's lookup reads the row before the revocation commits elsewhere...
+    const first = v.verify(auth);
+    // ...the revocation's invalidation arrives while that reply is on its way...
+    v.invalidate('key-1');
+    lookups[0]!.resolve({ record: record(null), validUntil: null, hash });
+    assert.equal((await first).status, 'ok', 'a request sent before the revocation');
+    // ...and the next request reads the row again instead of the stale copy.
+    const second = v.verify(auth);
+    assert.equal(lookups.length, 2, 'the pre-revocation row was not cached');
+    lookups[1]!.resolve({ record: record(new Date(1)), validUntil: null, hash });
+    assert.equal((await second).status, 'revoked');
+  });
+
+  it('a request after the invalidation does not join the lookup that started before it', async () => {
+    const { value } = generateKey('p');
+    const hash = hashKey(value);
+    const lookups: Array<ReturnType<typeof deferred<(SecretLookup & { hash: string }) | null>>> =
+      [];
+    const repo = {
+      findBySecretHash: () => {
+        const d = deferred<(SecretLookup & { hash: string }) | null>();
+        lookups.push(d);
+        return d.promise;
+      },
+    } as unknown as KeyRepository;
+    const v = new KeyVerifier(repo, new FakeClock(), { cacheSize: 10, ttlMs: 600_000 });
+    const auth = `Bearer ${value}`;
+    const before = v.verify(auth);
+    v.invalidate('key-1');
+    const after = v.verify(auth);
+    assert.equal(lookups.length, 2);
+    lookups[0]!.resolve({ record: record(null), validUntil: null, hash });
+    lookups[1]!.resolve({ record: record(new Date(1)), validUntil: null, hash });
+    assert.equal((await before).status, 'ok');
+    assert.equal((await after).status, 'revoked');
+  });
+
+  it('TtlCache: a load in flight when its entry is deleted is neither joined nor cached', async () => {
+    const cache = new TtlCache<string>(new FakeClock(), 600_000, 10);
+    const loads: Array<ReturnType<typeof deferred<string>>> = [];
+    const load = () => {
+      const d = deferred<string>();
+      loads.push(d);
+      return d.promise;
+    };
+    const first = cache.get('endpoint', load);
+    cache.delete('endpoint'); // suspended elsewhere, invalidated while the read is out
+    const second = cache.get('endpoint', load);
+    assert.equal(loads.length, 2, 'a new read, not the one from before the invalidation');
+    loads[0]!.resolve('active');
+    loads[1]!.resolve('suspended');
+    assert.equal(await first, 'active');
+    assert.equal(await second, 'suspended');
+    assert.equal(cache.peek('endpoint'), 'suspended', 'the older read did not overwrite it');
+    // The same through clear() (the workers list, all projects' balances).
+    const third = cache.get('other', load);
+    cache.clear();
+    loads[2]!.resolve('stale');
+    await third;
+    assert.equal(cache.peek('other'), undefined);
+  });
+});
