@@ -6,7 +6,10 @@
  * exist in the project (404 `endpoint_not_found`) and the key's endpoint binding
  * must allow it (403 `endpoint_restricted`); a bound key cannot use the
  * project-level alias `/<project_id>/v1/…`, which names no endpoint. Then the
- * project's shared management limit (60 a minute; spec, Limits).
+ * project's shared management limit (60 a minute; spec, Limits) and the key's
+ * quota, counted together in one all-or-nothing acquire: a request refused by
+ * either, or by the checks before them, spends neither, and the `X-RateLimit-*`
+ * headers describe whichever binds (a key with a quota of 3 sees limit 3).
  */
 import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
@@ -23,7 +26,7 @@ declare module 'fastify' {
 
 export function surfaceAccess(s: Services): preParsingAsyncHookHandler[] {
   return [
-    requireKey(s.verifier, 'inference', { quota: s.limits }),
+    requireKey(s.verifier, 'inference', { quota: s.limits, quotaWithManagement: true }),
     async (request, reply) => {
       const { endpointSlug } = request.params as { endpointSlug?: string };
       const key = request.apiKey!;
@@ -34,6 +37,7 @@ export function surfaceAccess(s: Services): preParsingAsyncHookHandler[] {
           message: "A key bound to an endpoint uses this API only under that endpoint's path.",
         });
       }
+      // Last, on every path that admits the request: it counts the key's quota too.
       await s.limits.management(key.projectId, reply);
     },
   ];

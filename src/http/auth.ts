@@ -6,9 +6,9 @@
  * scope must be granted (403 `scope_insufficient`). The client address is the
  * socket's, or X-Forwarded-For from SWITCHYARD_TRUSTED_PROXIES only.
  */
-import type { FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
+import type { FastifyReply, FastifyRequest, preParsingAsyncHookHandler } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
-import type { Limits } from './limits.js';
+import { managementHeaders, type Limits } from './limits.js';
 import { ServiceError } from '../errors/index.js';
 import { internalKeyOf } from './internal-key.js';
 import {
@@ -46,20 +46,35 @@ export interface KeyCheck {
    * layer in the spec: past it, 429 `rate_limit_exceeded` with `Retry-After`. Every
    * key-authenticated route passes it except the inference routes, whose limits
    * (http/limits.ts `inference`) count the quota together with the tier's, and the
-   * Responses API, whose chat call counts it there.
+   * Responses API, whose chat call counts it there. When admitted, the `X-RateLimit-*`
+   * headers describe the quota (given the reply); a management limit counted next
+   * reports whichever of the two binds.
    */
   quota?: Limits;
+  /**
+   * With `quota`, for a route that then applies the management limit
+   * (`Limits.management`, which must follow on every path that admits the request):
+   * the quota is not counted here but there, in the same all-or-nothing acquire as
+   * the management limit and after the route's own checks (endpoint binding), so a
+   * request those refuse spends no quota unit, as on the chat route.
+   */
+  quotaWithManagement?: boolean;
 }
 
 /** The default: no allocation on the chat path, which passes none. */
 const API_KEY_CHECK: KeyCheck = Object.freeze({});
 
+/**
+ * The key of a request on a project surface, or a 401/403/429 (see the module
+ * comment and `KeyCheck`). `reply`, when given, receives the quota's headers.
+ */
 export async function authenticateKey(
   verifier: KeyVerifier,
   request: FastifyRequest,
   projectExternalId: string,
   scope: Scope | null,
   check: KeyCheck = API_KEY_CHECK,
+  reply?: FastifyReply,
 ): Promise<KeyRecord> {
   let v: Verification;
   // The batch runner's in-process requests (internal-key.ts): inference only.
@@ -96,7 +111,16 @@ export async function authenticateKey(
       message: `This route requires the '${scope}' scope.`,
     });
   }
-  if (check.quota && !internal) await check.quota.keyQuota(v.key);
+  if (check.quota && !internal) {
+    if (check.quotaWithManagement) request.keyQuotaDue = true;
+    else {
+      const d = await check.quota.keyQuota(v.key);
+      if (d) {
+        request.keyQuota = d;
+        reply?.headers(managementHeaders(d));
+      }
+    }
+  }
   request.apiKey = v.key;
   return v.key;
 }
@@ -111,9 +135,9 @@ export function requireKey(
   scope: Scope | null,
   check: KeyCheck = API_KEY_CHECK,
 ): preParsingAsyncHookHandler {
-  return async (request) => {
+  return async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, scope, check);
+    await authenticateKey(verifier, request, projectId, scope, check, reply);
   };
 }
 

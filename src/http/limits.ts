@@ -12,12 +12,21 @@
  * or on refusal the one freeing up last): `RateLimit-Limit`,
  * `RateLimit-Remaining`, `RateLimit-Reset` (seconds) and their `X-` twins, and
  * `X-RateLimit-Warning: approaching_limit` when remaining < 20% of the limit.
- * A refusal is 429 `rate_limit_exceeded` with `Retry-After` and, inside the
- * error object, `retry_after` and `retry_strategy`.
+ * One reading for every rule (docs/LIMITS.md, "Headers and refusals"): Limit is
+ * the most Remaining can be (for the tier's GCRA: burst + 1, what a full bucket
+ * admits at once), Remaining is how many would be admitted now, Reset is the
+ * seconds until Remaining is back to Limit; on a refusal Remaining is 0 and
+ * Reset is the seconds until the next admission, the same value as
+ * `Retry-After` (as the IETF RateLimit draft asks). The tokens-per-minute rule
+ * (in tokens) is shown only when it refuses. A refusal is 429
+ * `rate_limit_exceeded` with `Retry-After` and, inside the error object,
+ * `retry_after` and `retry_strategy`.
  *
  * Management routes (batch, conversations, stored chat completions, files, uploads,
  * webhooks, SLOs): one fixed 60 per rolling minute per project; inference never
- * counts here.
+ * counts here. Every other key-authenticated route counts the key's quota; the
+ * `X-RateLimit-*` headers there follow the binding one of the quota and the
+ * route's management limit, if it has one.
  *
  * If the limiter backend (Redis) fails, limits fail open by default (requests
  * flow, a warning is logged) or closed with SWITCHYARD_LIMITS_FAIL=closed (503).
@@ -28,6 +37,22 @@ import type { Decision, LimiterBackend, Rule } from '../limits/index.js';
 import type { Clock } from '../runtime/clock.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Metrics } from '../runtime/metrics.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /**
+     * The key's quota as the auth layer counted it (http/auth.ts), so that a route
+     * limit counted next (`Limits.management`) reports whichever of the two binds.
+     */
+    keyQuota?: Decision;
+    /**
+     * The auth layer left the key's quota to the route's management limit, which
+     * counts both in one acquire after the route's own checks (KeyCheck
+     * `quotaWithManagement`).
+     */
+    keyQuotaDue?: boolean;
+  }
+}
 
 export const MANAGEMENT_LIMIT = 60;
 const MINUTE = 60_000;
@@ -53,13 +78,14 @@ export interface LimitSubject {
 export type RateHeaders = Record<string, string>;
 
 /**
- * The rule the headers report: among refusals the one that frees up last;
- * otherwise the one with the fewest admissions left (the first that will bite),
- * the smaller limit breaking ties.
+ * The rule the headers report, among the first `n` decisions (all by default):
+ * among refusals the one that frees up last; otherwise the one with the fewest
+ * admissions left (the first that will bite), the smaller limit breaking ties.
  */
-export function binding(ds: readonly Decision[]): Decision | undefined {
+export function binding(ds: readonly Decision[], n = ds.length): Decision | undefined {
   let best: Decision | undefined;
-  for (const d of ds) {
+  for (let i = 0; i < n; i++) {
+    const d = ds[i]!;
     if (!best) best = d;
     else if (!d.allowed && (best.allowed || d.retryAfterMs > best.retryAfterMs)) best = d;
     else if (
@@ -73,10 +99,24 @@ export function binding(ds: readonly Decision[]): Decision | undefined {
   return best;
 }
 
+/** Whole seconds until a refused request would be admitted: the 429's `Retry-After`. */
+function retryAfterSeconds(d: Decision): number {
+  return Math.max(1, Math.ceil(d.retryAfterMs / 1000));
+}
+
+/**
+ * The reset header: seconds until Remaining is back to Limit (the window emptied,
+ * the bucket full again); on a refusal, until the next admission, which is
+ * exactly the `Retry-After` sent with it.
+ */
+function resetSeconds(d: Decision): number {
+  return d.allowed ? Math.ceil(d.resetMs / 1000) : retryAfterSeconds(d);
+}
+
 export function rateHeaders(d: Decision): RateHeaders {
   const limit = String(d.limit);
   const remaining = String(Math.max(0, Math.floor(d.remaining)));
-  const reset = String(Math.ceil(d.resetMs / 1000));
+  const reset = String(resetSeconds(d));
   const h: RateHeaders = {
     'RateLimit-Limit': limit,
     'RateLimit-Remaining': remaining,
@@ -89,8 +129,22 @@ export function rateHeaders(d: Decision): RateHeaders {
   return h;
 }
 
+/**
+ * The headers outside inference (management routes and the key's quota on every
+ * other route): the spec lists only the `X-` triple there. Same reading as
+ * `rateHeaders`.
+ */
+export function managementHeaders(d: Decision): RateHeaders {
+  return {
+    'X-RateLimit-Limit': String(d.limit),
+    'X-RateLimit-Remaining': String(Math.max(0, Math.floor(d.remaining))),
+    'X-RateLimit-Reset': String(resetSeconds(d)),
+  };
+}
+
+/** The 429 for refused decision `d`; `headers` must describe `d` (their reset is its Retry-After). */
 export function rateLimited(d: Decision, headers: RateHeaders, message: string): ServiceError {
-  return tooManyRequests('rate_limit_exceeded', Math.ceil(d.retryAfterMs / 1000), message, headers);
+  return tooManyRequests('rate_limit_exceeded', retryAfterSeconds(d), message, headers);
 }
 
 /**
@@ -180,9 +234,7 @@ export class Limits {
   /** Admits an inference request or throws 429; returns the headers to send. */
   async inference(s: LimitSubject): Promise<RateHeaders> {
     const rules: Rule[] = [];
-    const shown: number[] = [];
     if (s.tier.requestsPerMinute !== null) {
-      shown.push(rules.length);
       rules.push({
         kind: 'burst',
         key: `tier:${s.projectId}:${s.tier.id}`,
@@ -191,15 +243,14 @@ export class Limits {
         windowMs: MINUTE,
       });
     }
-    shown.push(rules.length);
     rules.push(quotaRule(s.keyId, s.quotaRequests, s.quotaWindow));
-    shown.push(rules.length);
     rules.push({
       kind: 'window',
       key: `erpm:${s.endpointId}`,
       limit: s.maxRequestsPerMinute,
       windowMs: MINUTE,
     });
+    // Last, so that the request rules before it are the ones an admission reports.
     const tokenRule = rules.length;
     rules.push({
       kind: 'sum',
@@ -209,27 +260,43 @@ export class Limits {
     });
     const ds = await this.acquire(rules, 'inference');
     if (!ds) return {};
-    const bound = binding(shown.map((i) => ds[i]!))!;
-    const headers = rateHeaders(bound);
-    if (ds.every((d) => d.allowed)) return headers;
-    const tokens = ds[tokenRule]!;
-    if (!tokens.allowed && bound.allowed) {
-      throw rateLimited(tokens, headers, 'The endpoint exceeded its tokens-per-minute limit.');
+    // Admitted: the binding request rule (the tokens-per-minute rule counts tokens,
+    // not admissions, so it is shown only when it refuses).
+    let denied: Decision | undefined;
+    for (let i = 0; i < ds.length; i++) {
+      const d = ds[i]!;
+      if (!d.allowed && (denied === undefined || d.retryAfterMs > denied.retryAfterMs)) denied = d;
     }
-    const denied = binding(ds.filter((d) => !d.allowed))!;
-    throw rateLimited(denied, rateHeaders(denied), 'Rate limit exceeded; retry after the delay.');
+    if (denied === undefined) return rateHeaders(binding(ds, tokenRule)!);
+    // Refused: the headers and Retry-After both describe the refusing rule that frees
+    // up last, whichever it is, the tokens-per-minute rule included.
+    throw rateLimited(
+      denied,
+      rateHeaders(denied),
+      denied === ds[tokenRule]
+        ? 'The endpoint exceeded its tokens-per-minute limit.'
+        : 'Rate limit exceeded; retry after the delay.',
+    );
   }
 
   /**
    * The key's own quota on a route outside inference (http/auth.ts `KeyCheck`): the same
    * `quota:<key>` window the inference limits count, so both kinds of request share it.
-   * Throws 429 `rate_limit_exceeded` with `Retry-After` past it.
+   * Returns its decision (null when the limiter failed open), from which the caller
+   * sends the headers; throws 429 `rate_limit_exceeded` with `Retry-After` past it.
    */
-  async keyQuota(key: { id: string; quotaRequests: number; quotaWindow: number }): Promise<void> {
+  async keyQuota(key: {
+    id: string;
+    quotaRequests: number;
+    quotaWindow: number;
+  }): Promise<Decision | null> {
     const ds = await this.acquire([quotaRule(key.id, key.quotaRequests, key.quotaWindow)], 'quota');
-    if (ds && !ds[0]!.allowed) {
-      throw rateLimited(ds[0]!, rateHeaders(ds[0]!), "The API key's request quota is used up.");
+    if (!ds) return null;
+    const d = ds[0]!;
+    if (!d.allowed) {
+      throw rateLimited(d, managementHeaders(d), "The API key's request quota is used up.");
     }
+    return d;
   }
 
   /** Adds a finished request's tokens to its endpoint's tokens-per-minute window. */
@@ -242,22 +309,41 @@ export class Limits {
     }
   }
 
-  /** The per-project management limit; sets headers on the reply or throws 429. */
+  /**
+   * The per-project management limit; sets headers on the reply or throws 429. The
+   * key's quota binds here too: when the auth layer left it to this limit
+   * (`keyQuotaDue`), both are counted in one all-or-nothing acquire, so a request
+   * refused by either, or by the route's checks before this, spends neither; when
+   * the auth layer already counted it (`keyQuota`), the headers report whichever
+   * of the two binds.
+   */
   async management(projectId: string, reply: FastifyReply): Promise<void> {
+    const request = reply.request;
+    const key = request.keyQuotaDue === true ? request.apiKey : undefined;
+    const mgmt: Rule = {
+      kind: 'window',
+      key: `mgmt:${projectId}`,
+      limit: MANAGEMENT_LIMIT,
+      windowMs: MINUTE,
+    };
     const ds = await this.acquire(
-      [{ kind: 'window', key: `mgmt:${projectId}`, limit: MANAGEMENT_LIMIT, windowMs: MINUTE }],
+      key ? [quotaRule(key.id, key.quotaRequests, key.quotaWindow), mgmt] : [mgmt],
       'management',
     );
     if (!ds) return;
-    const d = ds[0]!;
-    const all = rateHeaders(d);
-    // The spec lists only the X- headers for the management limit.
-    const headers: RateHeaders = {
-      'X-RateLimit-Limit': all['X-RateLimit-Limit']!,
-      'X-RateLimit-Remaining': all['X-RateLimit-Remaining']!,
-      'X-RateLimit-Reset': all['X-RateLimit-Reset']!,
-    };
-    if (!d.allowed) throw rateLimited(d, headers, 'The project exceeded its management API limit.');
+    const route = ds[ds.length - 1]!;
+    const counted = key ? undefined : request.keyQuota;
+    const d = binding(counted ? [counted, route] : ds)!;
+    const headers = managementHeaders(d);
+    if (!d.allowed) {
+      throw rateLimited(
+        d,
+        headers,
+        d === route
+          ? 'The project exceeded its management API limit.'
+          : "The API key's request quota is used up.",
+      );
+    }
     reply.headers(headers);
   }
 

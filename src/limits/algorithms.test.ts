@@ -84,18 +84,18 @@ describe('GCRA', () => {
     const W = 60_000;
     // [debt in ticks of 1/64 ms, admitted?, expected decision]
     const CASES: ReadonlyArray<[number, boolean, Decision]> = [
-      [0, true, { allowed: true, limit: 96, remaining: 32, resetMs: 938, retryAfterMs: 0 }],
-      [0, false, { allowed: true, limit: 96, remaining: 33, resetMs: 0, retryAfterMs: 0 }],
-      [32 * W, true, { allowed: true, limit: 96, remaining: 0, resetMs: 30_938, retryAfterMs: 0 }],
+      [0, true, { allowed: true, limit: 33, remaining: 32, resetMs: 938, retryAfterMs: 0 }],
+      [0, false, { allowed: true, limit: 33, remaining: 33, resetMs: 0, retryAfterMs: 0 }],
+      [32 * W, true, { allowed: true, limit: 33, remaining: 0, resetMs: 30_938, retryAfterMs: 0 }],
       [
         33 * W,
         false,
-        { allowed: false, limit: 96, remaining: 0, resetMs: 30_938, retryAfterMs: 938 },
+        { allowed: false, limit: 33, remaining: 0, resetMs: 30_938, retryAfterMs: 938 },
       ],
       [
         32 * W + 1,
         false,
-        { allowed: false, limit: 96, remaining: 0, resetMs: 30_001, retryAfterMs: 1 },
+        { allowed: false, limit: 33, remaining: 0, resetMs: 30_001, retryAfterMs: 1 },
       ],
     ];
     for (const [debt, admitted, want] of CASES) {

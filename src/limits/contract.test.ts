@@ -97,7 +97,7 @@ function contractSuite(s: Subject): void {
         const first = await one(l, rule, T0);
         assert.deepEqual(first, {
           allowed: true,
-          limit: limit + burst,
+          limit: burst + 1,
           remaining: burst,
           resetMs: Math.ceil(MIN / limit),
           retryAfterMs: 0,
@@ -106,7 +106,7 @@ function contractSuite(s: Subject): void {
         assert.equal(admitted + 1, burst + 1);
         assert.deepEqual(denial, {
           allowed: false,
-          limit: limit + burst,
+          limit: burst + 1,
           remaining: 0,
           resetMs: Math.ceil(((burst + 1) * MIN) / limit),
           retryAfterMs: Math.ceil(MIN / limit),

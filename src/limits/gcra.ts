@@ -62,7 +62,8 @@ export function gcraDecision(
   const allowed = debt <= tau;
   return {
     allowed,
-    limit: limit + burst,
+    // What a full bucket admits at once: remaining runs from here down to 0.
+    limit: burst + 1,
     remaining,
     resetMs: Math.ceil(d / limit),
     // The earliest now' with TAT - now' <= tau, rounded up to a whole ms.

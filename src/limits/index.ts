@@ -38,8 +38,10 @@
  * ever holds more than limit + burst, sustained throughput is limit per
  * window, and the burst refills at the tier rate. All of it runs in integer
  * ticks of 1 / limit ms (gcra.ts), so retryAfterMs is exact to the ms.
- * Decision: limit = limit + burst; remaining = requests that conform now
- * (at most burst + 1, from a full bucket); resetMs = until TAT <= now.
+ * Decision: limit = burst + 1 (what a full bucket admits at once);
+ * remaining = requests that conform now (burst + 1 from a full bucket, so
+ * 0 <= remaining <= limit); resetMs = until TAT <= now, i.e. until the
+ * bucket is full again; retryAfterMs = until the next request conforms.
  *
  * 'window' = sliding-window log. Per key, the admission times; a request at t
  * is admitted iff fewer than `limit` admissions lie in (t - windowMs, t].

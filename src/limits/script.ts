@@ -139,7 +139,7 @@ for i = 1, nrules do
       redis.call('SET', KEYS[2 * i - 1], fmt(now + whole) .. ':' .. fmt(d - whole * limit) .. ':' .. fmt(limit), 'PX', math.ceil(d / limit))
     end
     out[o + 1] = (debt <= tau) and 1 or 0
-    out[o + 2] = limit + burst
+    out[o + 2] = burst + 1
     out[o + 3] = math.max(0, math.floor((tau - d) / w) + 1)
     out[o + 4] = math.ceil(d / limit)
     out[o + 5] = (debt <= tau) and 0 or math.ceil((debt - tau) / limit)

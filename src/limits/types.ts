@@ -28,14 +28,21 @@ export type RuleKind = Rule['kind'];
 export interface Decision {
   /** This rule's verdict. */
   allowed: boolean;
-  /** The limit as clients should see it (for 'burst': limit + burst; for 'sum': units, e.g. tokens). */
+  /**
+   * The limit as clients should see it: the most `remaining` can be. For 'burst': burst + 1,
+   * what a full bucket admits at once (the sustained rate is the rule's `limit` per
+   * windowMs); for 'sum': units, e.g. tokens.
+   */
   limit: number;
   /**
    * Admissions left now (>= 0): after this request when it was admitted,
    * otherwise without it. For 'sum' it is units left (limit - current sum).
    */
   remaining: number;
-  /** Ms until the window fully resets (every counted entry expired) / the bucket is full again. */
+  /**
+   * Ms until `remaining` is back to `limit` absent other traffic: every counted entry
+   * expired / the bucket full again.
+   */
   resetMs: number;
   /** 0 when allowed; else ms until this rule would admit one request (exact, absent other traffic). */
   retryAfterMs: number;

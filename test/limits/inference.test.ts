@@ -47,9 +47,11 @@ describe('tier limit: free is 64 per minute plus a burst of 32', () => {
     assert.equal(statuses[33], 429);
     const res = last!;
     assert.equal(res.headers.get('retry-after'), '1');
-    assert.equal(res.headers.get('ratelimit-limit'), '96');
-    assert.equal(res.headers.get('x-ratelimit-limit'), '96');
+    // Limit: what a full bucket admits at once (burst + 1); Reset: the Retry-After.
+    assert.equal(res.headers.get('ratelimit-limit'), '33');
+    assert.equal(res.headers.get('x-ratelimit-limit'), '33');
     assert.equal(res.headers.get('ratelimit-remaining'), '0');
+    assert.equal(res.headers.get('ratelimit-reset'), '1');
     assert.equal(res.headers.get('x-ratelimit-warning'), 'approaching_limit');
     const body = (await res.json()) as { error: Record<string, unknown> };
     assert.equal(body.error.code, 'rate_limit_exceeded');
@@ -114,6 +116,8 @@ describe('per-key quota, endpoint limits', () => {
     const denied = await chat(f, key);
     assert.equal(denied.status, 429);
     assert.equal(denied.headers.get('retry-after'), '30');
+    assert.equal(denied.headers.get('ratelimit-limit'), '5');
+    assert.equal(denied.headers.get('ratelimit-reset'), '30');
     f.server.clock.advance(30_000);
     assert.equal((await chat(f, key)).status, 200);
     // Another key of the same project is not affected by this key's quota.

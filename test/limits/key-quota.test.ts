@@ -77,3 +77,93 @@ describe('the per-key quota counts every request the key authenticates', () => {
     assert.equal(r.status, 401);
   });
 });
+
+describe('outside inference the X-RateLimit-* headers follow the binding rule: the key quota or the route limit', () => {
+  let f: InferenceFixture;
+  let endpointId = '';
+  const get = (path: string, k: string): Promise<Res> =>
+    f.server.call('GET', `/${f.projectId}${path}`, { key: k });
+  const mk = async (quotaRequests: number, extra: Record<string, unknown> = {}) => {
+    const r = await f.server.admin('POST', '/projects/inf/keys', {
+      scopes: ['inference', 'management', 'execution'],
+      quotaRequests,
+      quotaWindow: WINDOW_S,
+      ...extra,
+    });
+    assert.equal(r.status, 201, r.text);
+    return String(r.body.key);
+  };
+  const limits = (r: Res) => [
+    r.status,
+    Number(r.headers['x-ratelimit-limit']),
+    Number(r.headers['x-ratelimit-remaining']),
+  ];
+
+  before(async () => {
+    f = await inferenceFixture({ tier: 'self_hosted' });
+    // The endpoint's record (its id, for a key bound to it): a PATCH changing nothing.
+    const e = await f.server.admin('PATCH', '/projects/inf/endpoints/chat', {});
+    assert.equal(e.status, 200, e.text);
+    endpointId = String(e.body.id);
+  });
+  after(() => f.close());
+
+  // Routes with the management limit (counted with the quota, or after it), and
+  // routes with none (model listing, keys, budget alerts, execution).
+  const routes = [
+    '/v1/files',
+    '/chat/v1/batches',
+    '/chat/v1/chat/completions',
+    '/v1/webhooks',
+    '/v1/slos',
+    '/v1/models',
+    '/v1/keys',
+    '/v1/budget_alerts',
+    '/v1/exec/tools',
+  ];
+  for (const path of routes) {
+    it(`${path}: a key with quota 3 sees limit 3, remaining 2, 1, 0, then a 429 with Reset = Retry-After`, async () => {
+      f.server.clock.advance(WINDOW_S * 1000); // the project's management limit starts afresh
+      const key = await mk(3);
+      const seen: number[][] = [];
+      for (let i = 0; i < 3; i++) seen.push(limits(await get(path, key)));
+      assert.deepEqual(seen, [
+        [200, 3, 2],
+        [200, 3, 1],
+        [200, 3, 0],
+      ]);
+      const r = await get(path, key);
+      assert.deepEqual(limits(r), [429, 3, 0]);
+      assert.equal(r.headers['x-ratelimit-reset'], r.headers['retry-after']);
+      assert.equal(r.headers['retry-after'], String(WINDOW_S));
+    });
+  }
+
+  it('the management limit binds when it is tighter, and its 429s spend no quota unit', async () => {
+    f.server.clock.advance(WINDOW_S * 1000);
+    const key = await mk(100);
+    for (let i = 0; i < 60; i++) {
+      const r = await get('/v1/files', key);
+      assert.deepEqual(limits(r), [200, 60, 59 - i], `request ${i + 1}`);
+    }
+    for (let i = 0; i < 5; i++) {
+      const r = await get('/v1/files', key);
+      assert.deepEqual(limits(r), [429, 60, 0]);
+      assert.equal(r.headers['x-ratelimit-reset'], r.headers['retry-after']);
+    }
+    // 60 admitted, 5 refused by the management limit: the quota spent 60, and the
+    // model listing (no management limit) now spends the 61st.
+    assert.deepEqual(limits(await get('/v1/models', key)), [200, 100, 39]);
+  });
+
+  it('a request refused by the endpoint binding spends no quota unit', async () => {
+    f.server.clock.advance(WINDOW_S * 1000);
+    const key = await mk(3, { endpointId });
+    // The project-level alias names no endpoint: 403 for a bound key; an unknown one: 404.
+    for (let i = 0; i < 3; i++) {
+      assert.equal((await get('/v1/files', key)).status, 403);
+      assert.equal((await get('/nope/v1/files', key)).status, 404);
+    }
+    assert.deepEqual(limits(await get('/chat/v1/files', key)), [200, 3, 2]);
+  });
+});
