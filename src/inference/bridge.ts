@@ -49,7 +49,7 @@ import {
   type Usage,
 } from './reframe.js';
 import type { ChatRequest } from './request.js';
-import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
+import { drained, isDone, parseSseStream, SSE_DONE, sseData, sseError } from './sse.js';
 import type { UpstreamResponse } from './upstream.js';
 import type { AbortLike } from '../runtime/cancel.js';
 
@@ -345,7 +345,6 @@ export class ToolBridge {
   private async streamRound(res: UpstreamResponse): Promise<Round | 'answered'> {
     const r = this.r;
     const acc = new StreamAccumulator(r.ctx, r.startedAt);
-    const parser = new SseParser();
     const held: ChatCompletionChunk[] = [];
     const calls: Array<{ id: string; name: string; arguments: string }> = [];
     let mode: 'undecided' | 'answer' | 'tool' = 'undecided';
@@ -353,52 +352,51 @@ export class ToolBridge {
     let done = false;
     let upstreamError: string | null = null;
     try {
-      for await (const piece of res.body) {
+      // parseSseStream ends with the parser's end(): a last event the worker closed
+      // without its blank line (a bare `data: [DONE]`) still counts.
+      for await (const ev of parseSseStream(res.body as AsyncIterable<Uint8Array>)) {
         this.bound.touch();
-        for (const ev of parser.feed(piece as Uint8Array)) {
-          if (isDone(ev)) {
-            done = true;
-            continue;
-          }
-          let payload: unknown;
-          try {
-            payload = JSON.parse(ev.data);
-          } catch {
-            continue;
-          }
-          const errMsg = upstreamErrorMessage(payload);
-          if (errMsg !== null) {
-            upstreamError = errMsg;
-            break;
-          }
-          const chunk = acc.accept(payload, r.clock.now());
-          if (chunk === null) continue;
-          const delta = chunk.choices[0]?.delta;
-          if (delta?.tool_calls && delta.tool_calls.length > 0) {
-            mode = 'tool';
-            for (const d of delta.tool_calls) {
-              const c = (calls[d.index] ??= { id: '', name: '', arguments: '' });
-              if (d.id) c.id = d.id;
-              if (d.function?.name) c.name += d.function.name;
-              if (d.function?.arguments) c.arguments += d.function.arguments;
-            }
-          }
-          if (delta?.content) content += delta.content;
-          if (mode === 'tool') continue;
-          const visible = Boolean(delta?.content || delta?.refusal);
-          if (mode === 'undecided' && !visible) {
-            held.push(chunk);
-            continue;
-          }
-          if (mode === 'undecided') {
-            mode = 'answer';
-            this.ttftMs = r.clock.now() - r.startedAt;
-            this.bound.started();
-            for (const h of held.splice(0)) await this.forward(h);
-          }
-          await this.forward(chunk);
+        if (isDone(ev)) {
+          done = true;
+          continue;
         }
-        if (upstreamError !== null) break;
+        let payload: unknown;
+        try {
+          payload = JSON.parse(ev.data);
+        } catch {
+          continue;
+        }
+        const errMsg = upstreamErrorMessage(payload);
+        if (errMsg !== null) {
+          upstreamError = errMsg;
+          break;
+        }
+        const chunk = acc.accept(payload, r.clock.now());
+        if (chunk === null) continue;
+        const delta = chunk.choices[0]?.delta;
+        if (delta?.tool_calls && delta.tool_calls.length > 0) {
+          mode = 'tool';
+          for (const d of delta.tool_calls) {
+            const c = (calls[d.index] ??= { id: '', name: '', arguments: '' });
+            if (d.id) c.id = d.id;
+            if (d.function?.name) c.name += d.function.name;
+            if (d.function?.arguments) c.arguments += d.function.arguments;
+          }
+        }
+        if (delta?.content) content += delta.content;
+        if (mode === 'tool') continue;
+        const visible = Boolean(delta?.content || delta?.refusal);
+        if (mode === 'undecided' && !visible) {
+          held.push(chunk);
+          continue;
+        }
+        if (mode === 'undecided') {
+          mode = 'answer';
+          this.ttftMs = r.clock.now() - r.startedAt;
+          this.bound.started();
+          for (const h of held.splice(0)) await this.forward(h);
+        }
+        await this.forward(chunk);
       }
     } catch (err) {
       if (this.abort.signal.aborted) throw new Aborted();

@@ -85,7 +85,7 @@ import { checkBridgeRequest, ToolBridge, WORKSPACE_FIELD } from './bridge.js';
 import { Deadline } from './deadline.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
 import { resolveTarget } from './target.js';
-import { drained, isDone, SSE_DONE, sseData, sseError, SseParser } from './sse.js';
+import { drained, isDone, SSE_DONE, sseData, sseError, SseParser, type SseEvent } from './sse.js';
 import type { UpstreamClient, UpstreamResponse } from './upstream.js';
 import { Cancellation, type AbortLike } from '../runtime/cancel.js';
 
@@ -545,54 +545,58 @@ export class ChatCompletions {
         let done = false;
         let upstreamError: string | null = null;
         let broken: unknown = null;
+        // The events of one read leave in one write: each `raw.write` costs a
+        // chunked-encoding frame and a pass through the socket's buffering, and a
+        // worker often sends several events per read.
+        let batch = '';
+        /** One worker event; false once the worker sent an error (stop reading). */
+        const onEvent = (ev: SseEvent, now: number): boolean => {
+          if (isDone(ev)) {
+            done = true;
+            return true;
+          }
+          let payload: unknown;
+          try {
+            payload = JSON.parse(ev.data);
+          } catch (err) {
+            // A worker bug, not the client's problem: skip the event, but say so.
+            run.request.log.warn(
+              { err, worker: run.worker.id },
+              'worker sent a non-JSON SSE event',
+            );
+            return true;
+          }
+          const errMsg = upstreamErrorMessage(payload);
+          if (errMsg !== null) {
+            upstreamError = errMsg;
+            return false;
+          }
+          const out = acc.accept(payload, now);
+          if (kept !== null && out !== null) kept.add(out);
+          if (!generating && acc.firstTokenSeen) {
+            generating = true;
+            deadline.started();
+            this.d.pool.firstToken(run.lease);
+            commit();
+            let first = held.splice(0).join('');
+            if (out !== null) first += sseData(out);
+            raw.write(first);
+            // Node corks the socket until the end of the tick: uncorked here, the
+            // first token leaves now instead of after the rest of the read.
+            raw.uncork();
+            return true;
+          }
+          if (out === null) return true;
+          if (!committed) held.push(sseData(out));
+          else batch += sseData(out);
+          return true;
+        };
         try {
           for await (const chunk of res.body) {
             deadline.touch();
             const now = clock.now();
-            // The events of one read leave in one write: each `raw.write` costs a
-            // chunked-encoding frame and a pass through the socket's buffering, and a
-            // worker often sends several events per read.
-            let batch = '';
-            for (const ev of parser.feed(chunk as Uint8Array)) {
-              if (isDone(ev)) {
-                done = true;
-                continue;
-              }
-              let payload: unknown;
-              try {
-                payload = JSON.parse(ev.data);
-              } catch (err) {
-                // A worker bug, not the client's problem: skip the event, but say so.
-                run.request.log.warn(
-                  { err, worker: run.worker.id },
-                  'worker sent a non-JSON SSE event',
-                );
-                continue;
-              }
-              const errMsg = upstreamErrorMessage(payload);
-              if (errMsg !== null) {
-                upstreamError = errMsg;
-                break;
-              }
-              const out = acc.accept(payload, now);
-              if (kept !== null && out !== null) kept.add(out);
-              if (!generating && acc.firstTokenSeen) {
-                generating = true;
-                deadline.started();
-                this.d.pool.firstToken(run.lease);
-                commit();
-                let first = held.splice(0).join('');
-                if (out !== null) first += sseData(out);
-                raw.write(first);
-                // Node corks the socket until the end of the tick: uncorked here, the
-                // first token leaves now instead of after the rest of the read.
-                raw.uncork();
-                continue;
-              }
-              if (out === null) continue;
-              if (!committed) held.push(sseData(out));
-              else batch += sseData(out);
-            }
+            batch = '';
+            for (const ev of parser.feed(chunk as Uint8Array)) if (!onEvent(ev, now)) break;
             if (batch !== '' && !write(raw, batch)) {
               await drained(raw, abort.signal);
               // Waiting for a slow client is not the worker being idle (the router stops
@@ -600,6 +604,13 @@ export class ChatCompletions {
               deadline.touch();
             }
             if (upstreamError !== null) break;
+          }
+          if (upstreamError === null) {
+            // The worker closed: an event it sent without its closing blank line (some
+            // end on a bare `data: [DONE]`) is an event still.
+            batch = '';
+            for (const ev of parser.end()) if (!onEvent(ev, clock.now())) break;
+            if (batch !== '') write(raw, batch);
           }
         } catch (err) {
           if (serverEnded) {
@@ -671,7 +682,16 @@ export class ChatCompletions {
         raw.destroy();
       }
       const s = acc.summary();
-      this.record(run, outcome, s.usage, s.ttftMs, true);
+      // Billed as a non-streaming request is: a completion, the worker's own count or
+      // what streamed; with nothing generated, the prompt only when the client or the
+      // deadline ended a request a worker had (it read the prompt). A request that
+      // failed before that (a worker's 5xx or 4xx, a refused connection) is free.
+      const billable =
+        outcome === 'completed' ||
+        s.usageReported ||
+        s.ttftMs !== null ||
+        ((outcome === 'cancelled' || outcome === 'timeout') && run.sent);
+      this.record(run, outcome, billable ? s.usage : null, s.ttftMs, true);
     }
   }
 

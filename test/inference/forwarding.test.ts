@@ -49,6 +49,12 @@ async function recordingWorker() {
         );
         return;
       }
+      // A worker failing the request before it generates anything.
+      if (body.fail_500) {
+        res.writeHead(500, { 'content-type': 'application/json' });
+        res.end('{"error":{"message":"boom"}}');
+        return;
+      }
       const base = { id: 'w-1', created: 0, model: 'rm' };
       const usage = body.usage_prompt_tokens
         ? { prompt_tokens: body.usage_prompt_tokens, completion_tokens: 1, total_tokens: 6 }
@@ -80,7 +86,8 @@ async function recordingWorker() {
           chunk([{ index: 0, delta: { content: 'ok' }, finish_reason: null }]) +
           chunk([{ index: 0, delta: {}, finish_reason: 'stop' }]) +
           chunk([], { usage }) +
-          'data: [DONE]\n\n',
+          // Some servers close right after the last line, without its blank line.
+          (body.done_unterminated ? 'data: [DONE]' : 'data: [DONE]\n\n'),
       );
     });
   });
@@ -296,6 +303,32 @@ describe('the body a worker receives', () => {
       const rows = await s.services.store.db.select().from(tables.usageRecords);
       const row = rows.find((x) => x.requestId === id);
       assert.equal(row?.promptTokens, usage.prompt_tokens, `stream: ${stream}`);
+    }
+  });
+
+  it('a stream the worker ends on a bare `data: [DONE]` (no blank line) completes', async () => {
+    const r = await send({ stream: true, done_unterminated: true });
+    assert.equal(r.status, 200);
+    assert.ok(r.text.endsWith('data: [DONE]\n\n'), r.text.slice(-80));
+    assert.ok(!r.text.includes('event: error'), r.text);
+    await s.services.usage.flush();
+    const id = r.headers.get('x-request-id')!;
+    const rows = await s.services.store.db.select().from(tables.usageRecords);
+    const row = rows.find((x) => x.requestId === id);
+    assert.equal(row?.status, 'completed');
+    assert.equal(row?.promptTokens, 5, "the worker's own count, from its last chunk");
+  });
+
+  it('a request the worker fails before generating anything is free, streamed or not', async () => {
+    for (const stream of [false, true]) {
+      const r = await send({ stream, fail_500: true });
+      assert.equal(r.status, 502, r.text);
+      await s.services.usage.flush();
+      const id = r.headers.get('x-request-id')!;
+      const rows = await s.services.store.db.select().from(tables.usageRecords);
+      const row = rows.find((x) => x.requestId === id);
+      assert.equal(row?.status, 'error', `stream: ${stream}`);
+      assert.deepEqual([row?.promptTokens, row?.completionTokens], [0, 0], `stream: ${stream}`);
     }
   });
 
