@@ -178,15 +178,28 @@ export class Accounts {
     if (problem) throw new ServiceError('invalid_body', { message: problem, param: 'password' });
     const u = await this.user(userId);
     if (!u) throw new ServiceError('user_not_found');
-    if (
-      current !== undefined &&
-      u.passwordHash &&
-      !(await verifyPassword(current, u.passwordHash))
-    ) {
-      throw new ServiceError('invalid_credentials', {
-        message: 'The current password is wrong.',
-        param: 'current_password',
-      });
+    const hash = u.passwordHash;
+    if (current !== undefined && hash) {
+      // The same limit as signing in, on the same address: the current password is
+      // what stops the holder of a stolen session taking the account, so it cannot
+      // be guessed here without bound either.
+      await this.limited(
+        {
+          key: `dash-password:${u.email.trim().toLowerCase()}`,
+          limit: PASSWORD_ATTEMPTS,
+          windowMs: PASSWORD_WINDOW_MS,
+          wrong: 'invalid_credentials',
+          message: 'Too many wrong passwords for this address; wait a few minutes and try again.',
+        },
+        async () => {
+          if (!(await verifyPassword(current, hash))) {
+            throw new ServiceError('invalid_credentials', {
+              message: 'The current password is wrong.',
+              param: 'current_password',
+            });
+          }
+        },
+      );
     }
     await this.db
       .update(U)

@@ -125,18 +125,20 @@ export function input(
 
 export const STYLE = `
 body { font: 15px/1.5 system-ui, sans-serif; margin: 0; color: #1d2329; background: #f6f7f9; }
-header { display: flex; gap: 1.5rem; align-items: center; padding: .6rem 1.5rem; background: #1d2329; }
+header { display: flex; flex-wrap: wrap; gap: .5rem 1.5rem; align-items: center; padding: .6rem 1.5rem; background: #1d2329; }
 header a, header .who { color: #fff; text-decoration: none; }
 header nav { display: flex; gap: 1rem; align-items: center; }
 .brand { font-weight: 600; }
 main { max-width: 60rem; margin: 1.5rem auto; padding: 0 1.5rem; }
-section { background: #fff; border: 1px solid #dde1e6; border-radius: 6px; padding: 1rem 1.25rem; margin: 1rem 0; }
+section { background: #fff; border: 1px solid #dde1e6; border-radius: 6px; padding: 1rem 1.25rem; margin: 1rem 0; overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; }
-td, th { text-align: left; padding: .35rem .5rem; border-bottom: 1px solid #eef0f2; vertical-align: top; }
+td, th { text-align: left; padding: .35rem .5rem; border-bottom: 1px solid #eef0f2; vertical-align: top; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; }
 form { margin: .5rem 0; }
 form.inline { display: inline; margin: 0; }
 label { display: block; margin: .4rem 0; }
-input { display: block; padding: .35rem .5rem; min-width: 18rem; }
+input { display: block; padding: .35rem .5rem; width: 18rem; max-width: 100%; box-sizing: border-box; }
+input[type=checkbox], input[type=radio] { display: inline; width: auto; margin: 0 .4rem 0 0; }
 button { padding: .35rem .9rem; cursor: pointer; }
 button.danger { color: #a4161a; }
 .error { color: #a4161a; }

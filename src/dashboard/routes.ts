@@ -28,6 +28,7 @@ import fastifyCookie from '@fastify/cookie';
 import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import { errorHandler, toServiceError } from '../http/errors.js';
+import { mayDecide } from '../exec/approvals.js';
 import type { Role } from '../exec/users.js';
 import { request as httpRequest } from '../runtime/http-client.js';
 import type { Services } from '../runtime/services.js';
@@ -306,13 +307,16 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
     });
 
     app.post('/logout', async (r, reply) => {
-      // Always the page's token: without it (a cross-site form, which brings no
-      // session cookie under SameSite=Lax) nothing happens, not even a cleared cookie.
+      // A live session ends only with the page's token: without it (a cross-site form,
+      // which brings no session cookie under SameSite=Lax) nothing happens. A session
+      // already over (ended by a password change or reset, or expired) has nothing to
+      // protect: its cookie is cleared and the page goes to sign-in, whatever token
+      // the stale page carried.
       const sess = await sessionOf(r);
-      const expected = sess?.csrfToken ?? r.cookies[CSRF];
-      if (!expected) throw new ServiceError('csrf_token_invalid');
-      checkCsrf(r, expected);
-      if (sess) await d.sessions.close(r.cookies[SESSION]);
+      if (sess) {
+        checkCsrf(r, sess.csrfToken);
+        await d.sessions.close(r.cookies[SESSION]);
+      }
       void reply.clearCookie(SESSION, COOKIE);
       return { next: '/login' };
     });
@@ -435,7 +439,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
         const [keys, webhooks, approvals] = await Promise.all([
           forward(r, m, 'GET', '/keys'),
           forward(r, m, 'GET', '/webhooks?limit=100'),
-          forward(r, m, 'GET', '/approvals?status=pending'),
+          forward(r, m, 'GET', `/approvals?status=pending&limit=${APPROVALS_SHOWN}`),
         ]);
         const manage = scopesOf(m.role).includes('management');
         const root = `/dashboard/projects/${m.externalId}`;
@@ -465,11 +469,14 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
               }
               ${keysSection(root, list(keys), manage)}
               ${webhooksSection(root, list(webhooks), manage)}
-              ${approvalsSection(root, list(approvals))}`,
+              ${approvalsSection(root, approvals, m.role)}`,
           }),
         );
       },
     );
+
+    /** The path's id as one segment of the forwarded path (`../` and `?` stay data). */
+    const id = (r: { params: { id?: string } }) => encodeURIComponent(r.params.id ?? '');
 
     const projectAction = <B>(
       path: string,
@@ -505,13 +512,13 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
     );
     projectAction(
       '/keys/:id/rotate',
-      (r, m) => forward(r, m, 'POST', `/keys/${r.params.id}/rotate`, {}),
+      (r, m) => forward(r, m, 'POST', `/keys/${id(r)}/rotate`, {}),
       (k) => [
         `The key's new value (shown once): ${String(k.key)}`,
         'The old value keeps working for 24 hours.',
       ],
     );
-    projectAction('/keys/:id/revoke', (r, m) => forward(r, m, 'DELETE', `/keys/${r.params.id}`));
+    projectAction('/keys/:id/revoke', (r, m) => forward(r, m, 'DELETE', `/keys/${id(r)}`));
     projectAction(
       '/webhooks',
       (r, m) => {
@@ -524,16 +531,22 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       },
       (w) => [`Signing secret (shown once): ${String(w.secret)}`],
     );
-    projectAction('/webhooks/:id/delete', (r, m) =>
-      forward(r, m, 'DELETE', `/webhooks/${r.params.id}`),
-    );
+    projectAction('/webhooks/:id/delete', (r, m) => forward(r, m, 'DELETE', `/webhooks/${id(r)}`));
     projectAction('/approvals/:id/approve', (r, m) =>
-      forward(r, m, 'POST', `/approvals/${r.params.id}/approve`, {}),
+      forward(r, m, 'POST', `/approvals/${id(r)}/approve`, {}),
     );
     projectAction('/approvals/:id/reject', (r, m) => {
       const reason = ((r.body ?? {}) as Record<string, unknown>).reason;
-      return forward(r, m, 'POST', `/approvals/${r.params.id}/reject`, {
+      return forward(r, m, 'POST', `/approvals/${id(r)}/reject`, {
         ...(typeof reason === 'string' && reason ? { reason } : {}),
+      });
+    });
+
+    // Any other page under /dashboard: the dashboard's not-found (a page for a
+    // browser, with the dashboard's headers), not the API's JSON 404.
+    app.get('/dashboard/*', async (r) => {
+      throw new ServiceError('route_not_found', {
+        message: `No such page: ${r.url.split('?', 1)[0]}`,
       });
     });
 
@@ -853,37 +866,69 @@ function webhooksSection(
   </section>`;
 }
 
-function approvalsSection(root: string, approvals: Array<Record<string, unknown>>): Markup {
+/** Pending approvals listed on a project page; the API's page size at most. */
+const APPROVALS_SHOWN = 100;
+
+/**
+ * The project's pending approvals (the newest 100, as the API lists them), with what
+ * a decider needs: the tool, its risk, the stage, who decides it and until when. The
+ * buttons are shown only to a role that may decide the current stage.
+ */
+function approvalsSection(root: string, f: Forwarded, role: Role): Markup {
+  const approvals = list(f);
+  const more = f.body.has_more === true;
   return html`<section id="approvals">
     <h2>Pending approvals</h2>
     ${
       approvals.length === 0
         ? html`<p class="muted">None.</p>`
-        : html`<table>
-            <tr>
-              <th>Tool</th>
-              <th>Invocation</th>
-              <th>Stage</th>
-              <th></th>
-            </tr>
-            ${approvals.map(
-              (a) =>
-                html`<tr>
-                  <td>${String(a.tool_name ?? '')}</td>
-                  <td><code>${String(a.invocation_id ?? '')}</code></td>
-                  <td>${String(a.stage ?? '')}</td>
-                  <td>
-                    ${form({ action: `${root}/approvals/${String(a.id)}/approve`, submit: 'Approve' })}
-                    ${form({
-                      action: `${root}/approvals/${String(a.id)}/reject`,
-                      fields: input('reason', 'Reason', 'text', { required: false }),
-                      submit: 'Reject',
-                      danger: true,
-                    })}
-                  </td>
-                </tr>`,
-            )}
-          </table>`
+        : html`<div class="scroll">
+              <table>
+                <tr>
+                  <th>Tool</th>
+                  <th>Risk</th>
+                  <th>Invocation</th>
+                  <th>Stage</th>
+                  <th>Until</th>
+                  <th></th>
+                </tr>
+                ${approvals.map((a) => {
+                  const target = String(a.target ?? '');
+                  return html`<tr>
+                    <td><code>${String(a.tool ?? '')}</code></td>
+                    <td>${String(a.risk ?? '')}</td>
+                    <td><code>${String(a.invocation_id ?? '')}</code></td>
+                    <td>${String(a.stage ?? '')} (${target})</td>
+                    <td>${String(a.stage_deadline ?? '')}</td>
+                    <td>
+                      ${
+                        mayDecide(role, target)
+                          ? html`${form({
+                              action: `${root}/approvals/${String(a.id)}/approve`,
+                              submit: 'Approve',
+                            })}
+                            ${form({
+                              action: `${root}/approvals/${String(a.id)}/reject`,
+                              fields: input('reason', 'Reason', 'text', { required: false }),
+                              submit: 'Reject',
+                              danger: true,
+                            })}`
+                          : html`<span class="muted">decided by ${target}</span>`
+                      }
+                    </td>
+                  </tr>`;
+                })}
+              </table>
+            </div>
+            ${
+              more
+                ? html`<p class="muted">
+                    Showing the ${APPROVALS_SHOWN} newest pending approvals; older ones are waiting
+                    too (the API lists them all:
+                    <code>GET /v1/exec/approvals?status=pending</code>).
+                  </p>`
+                : null
+            }`
     }
   </section>`;
 }

@@ -173,14 +173,21 @@ describe('dashboard projects and the internal path', () => {
 
     const viewer = await as('viewer');
     const vp = await viewer.page(root());
-    assert.match(vp.text, new RegExp(approval));
+    // The viewer sees what waits (the tool, its risk, the invocation) but no buttons.
+    const row = (text: string) => text.slice(text.indexOf('id="approvals"'));
+    assert.match(row(vp.text), new RegExp(String(inv.body.id)));
+    assert.match(row(vp.text), /<code>rm<\/code>/);
+    assert.match(row(vp.text), /destructive/);
+    assert.doesNotMatch(vp.text, new RegExp(`${approval}/approve`));
     const refused = await viewer.send('POST', `${root()}/approvals/${approval}/approve`, {
       body: {},
     });
     assert.equal(refused.status, 403, refused.text);
 
     const approver = await as('approver');
-    await approver.page(root());
+    const ap = await approver.page(root());
+    assert.match(row(ap.text), /<code>rm<\/code>/);
+    assert.match(ap.text, new RegExp(`${approval}/approve`));
     const ok = await approver.send('POST', `${root()}/approvals/${approval}/approve`, { body: {} });
     assert.equal(ok.status, 200, ok.text);
     const got = await s.call('GET', `/${p.projectId}/v1/exec/approvals/${approval}`, {

@@ -163,12 +163,43 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal((await tryPassword(PASSWORD)).status, 200);
   });
 
+  it('the current password on a password change is limited as signing in is', async () => {
+    await user(s, 'stolen@example.com');
+    const v = new Visitor(s.url);
+    await v.login('stolen@example.com', PASSWORD);
+    await v.page('/account');
+    const change = (current: string) =>
+      v.send('POST', '/account/password', {
+        body: { current_password: current, password: 'the thief’s new password' },
+      });
+    for (let i = 0; i < 10; i++) assert.equal((await change(`guess ${i}`)).status, 401);
+    const right = await change(PASSWORD);
+    assert.equal(right.status, 429, 'even the right one waits, as at sign-in');
+    // The guesses counted against the address's sign-in limit too.
+    const signIn = new Visitor(s.url);
+    await signIn.page('/login');
+    const login = await signIn.send('POST', '/login', {
+      body: { email: 'stolen@example.com', password: PASSWORD },
+    });
+    assert.equal(login.status, 429);
+  });
+
+  it('an unknown dashboard page is a page, with the dashboard’s headers', async () => {
+    const v = new Visitor(s.url);
+    const r = await v.send('GET', '/dashboard/nope', { headers: { accept: 'text/html' } });
+    assert.equal(r.status, 404);
+    assert.match(String(r.headers['content-type']), /text\/html/);
+    assert.match(String(r.headers['content-security-policy']), /frame-ancestors 'none'/);
+    assert.equal(r.headers['x-frame-options'], 'DENY');
+  });
+
   it('a password change (and an operator reset) ends every session', async () => {
     const id = await user(s, 'pw@example.com');
     const a = new Visitor(s.url);
     const b = new Visitor(s.url);
     await a.login('pw@example.com', PASSWORD);
     await b.login('pw@example.com', PASSWORD);
+    await b.page('/account'); // b's page carries its session's token
     await a.page('/account');
     const wrongCurrent = await a.send('POST', '/account/password', {
       body: { current_password: 'not it at all', password: 'a brand new password' },
@@ -184,6 +215,11 @@ describe('dashboard sign-in and sessions', () => {
     });
     assert.equal(changed.status, 200, changed.text);
     for (const v of [a, b]) assert.equal((await v.send('GET', '/dashboard')).status, 302);
+    // Signing out on a page whose session has ended clears its cookie and goes to sign-in.
+    const out = await b.send('POST', '/logout', { body: {} });
+    assert.equal(out.status, 200, out.text);
+    assert.equal(out.json.next, '/login');
+    assert.match(String(out.headers['set-cookie']), /swy_session=;/);
     assert.equal(await a.login('pw@example.com', 'a brand new password'), '/dashboard');
 
     const reset = await s.admin('POST', `/users/${id}/password`, {
