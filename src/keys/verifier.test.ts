@@ -110,4 +110,26 @@ describe('invalidation racing a lookup in flight', () => {
     await third;
     assert.equal(cache.peek('other'), undefined);
   });
+
+  it('TtlCache.expireAll: the next read reloads, and a failed reload serves the old value', async () => {
+    const cache = new TtlCache<string>(new FakeClock(), 600_000, 10);
+    assert.equal(await cache.get('pool', async () => 'v1'), 'v1');
+    cache.expireAll();
+    let loads = 0;
+    assert.equal(
+      await cache.get('pool', async () => {
+        loads++;
+        return 'v2';
+      }),
+      'v2',
+    );
+    assert.equal(loads, 1, 'reloaded at once, not after the TTL');
+    cache.expireAll();
+    const down = async (): Promise<string> => {
+      throw new Error('database unreachable');
+    };
+    assert.equal(await cache.get('pool', down), 'v2', 'the pool as last read, not nothing');
+    cache.clear();
+    await assert.rejects(Promise.resolve(cache.get('pool', down)), /unreachable/);
+  });
 });

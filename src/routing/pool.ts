@@ -401,8 +401,15 @@ export class WorkerPool {
     return this.inFlight.get(id) ?? 0;
   }
 
+  /**
+   * A worker changed (here or, through the bus, on another instance): the next
+   * request reloads the pool. If that reload fails (this instance cut off from the
+   * database), the pool as last read still serves: another instance marking a
+   * worker unhealthy because this one could not record its heartbeats must not
+   * leave this one with no worker at all.
+   */
   invalidate(): void {
-    this.cache.clear();
+    this.cache.expireAll();
   }
 
   /** Capacity may have appeared (a worker joined, a limit changed): serve the queues. */

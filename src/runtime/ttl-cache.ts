@@ -96,4 +96,15 @@ export class TtlCache<V> {
     this.entries.clear();
     this.pending.clear();
   }
+
+  /**
+   * Every entry due for a reload on its next read (which waits for it), like
+   * `clear`, except that a reload that fails serves the old value: for data whose
+   * stale copy is safer than none (the worker list during a database outage).
+   */
+  expireAll(): void {
+    this.generation++;
+    this.pending.clear();
+    for (const e of this.entries.values()) e.at = -Infinity;
+  }
 }
