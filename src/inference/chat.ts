@@ -426,6 +426,14 @@ export class ChatCompletions {
       if (!reply.raw.writableFinished) abort.abort();
     };
     reply.raw.on('close', onClose);
+    // A shutdown past its drain period ends the request with a 503 the client can
+    // retry elsewhere, not a reset connection (serve.ts waits for it to leave).
+    let serverEnded = false;
+    const cancel = () => {
+      serverEnded = true;
+      abort.abort();
+    };
+    this.d.streams.add(cancel);
     let outcome: Outcome = 'error';
     let usage: Usage | null = null;
     try {
@@ -458,12 +466,26 @@ export class ChatCompletions {
       // The very text the client got; stored after it left.
       if (run.req.store) this.keep(run, json);
     } catch (err) {
+      if (serverEnded) {
+        outcome = 'cancelled';
+        throw new ServiceError('unavailable', {
+          message: 'The server is shutting down; retry on another instance.',
+          headers: { 'Retry-After': '1' },
+        });
+      }
       const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
       outcome = end.outcome;
       if (end.error) throw end.error;
     } finally {
       deadline.clear();
       reply.raw.off('close', onClose);
+      if (serverEnded && !reply.raw.writableFinished) {
+        // Open until its 503 has left: the shutdown waits for the set to empty.
+        const done = () => this.d.streams.delete(cancel);
+        reply.raw.once('finish', done).once('close', done);
+      } else {
+        this.d.streams.delete(cancel);
+      }
       // Ended by the client or the deadline after a worker had the request: the
       // tokens it generated are unknown (it never answered), its prompt was read, so
       // that is billed, as a stream's prompt is (a non-streaming request was free).

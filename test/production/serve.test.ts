@@ -376,6 +376,8 @@ describe('graceful drain on SIGTERM', () => {
     const long = await chat({ stream: true, max_tokens: 50 });
     const longText = long.text();
     const short = chat({ max_tokens: 2 });
+    // And a long non-streaming one: at the deadline, a 503 to retry elsewhere, not a reset.
+    const longPlain = chat({ max_tokens: 50 });
     await new Promise((r) => setTimeout(r, 100));
     const t0 = Date.now();
     p.child.kill('SIGTERM');
@@ -388,6 +390,11 @@ describe('graceful drain on SIGTERM', () => {
     );
     assert.ok(!text.includes('[DONE]'));
     assert.ok(waited >= 1300 && waited < 5000, `stream ended after ${waited} ms`);
+    const plain = await longPlain;
+    assert.equal(plain.status, 503);
+    assert.equal(plain.headers.get('retry-after'), '1');
+    const plainError = ((await plain.json()) as { error: { code: string } }).error;
+    assert.equal(plainError.code, 'unavailable');
     const [code] = await new Promise<[number | null]>((resolve) =>
       p.child.exitCode !== null
         ? resolve([p.child.exitCode])
@@ -398,8 +405,8 @@ describe('graceful drain on SIGTERM', () => {
     const store = await openStore({ dataDir: dir });
     const rows = await store.db.select().from(tables.usageRecords);
     await store.close();
-    assert.deepEqual(rows.map((r) => r.status).sort(), ['cancelled', 'completed']);
-    assert.ok(rows.find((r) => r.status === 'cancelled')!.completionTokens >= 1);
+    assert.deepEqual(rows.map((r) => r.status).sort(), ['cancelled', 'cancelled', 'completed']);
+    assert.ok(rows.some((r) => r.status === 'cancelled' && r.completionTokens >= 1));
   });
 
   it('a second SIGTERM while draining exits at once with code 1', async () => {
