@@ -1,13 +1,14 @@
 /** Budget alerts under `/<project_id>/v1/budget_alerts` (scope `management`). */
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { requireKey } from '../http/auth.js';
-import { projectWide } from '../http/project-wide.js';
 import type { Services } from '../runtime/services.js';
 
 export function billingRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
-    app.addHook('preParsing', projectWide('budget alerts'));
+    app.addHook(
+      'preParsing',
+      requireKey(s.verifier, 'management', { quota: s.limits, projectWide: 'budget alerts' }),
+    );
     const base = '/:projectId/v1/budget_alerts';
     app.post(base, async (r, reply) =>
       reply.code(201).send(await s.budgetAlerts.create(r.apiKey!.projectId, r.body)),

@@ -24,7 +24,6 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey } from '../http/auth.js';
-import { refuseBoundKey } from '../http/project-wide.js';
 import { parseBody } from '../http/validate.js';
 import type { KeyVerifier } from '../keys/index.js';
 import { tables } from '../store/index.js';
@@ -351,11 +350,14 @@ export function mountMcp(
   const path = '/:projectId/v1/mcp';
   app.post(path, async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, 'execution', {
-      surface: 'exec',
-      quota: limits,
-    });
-    refuseBoundKey(key, 'the execution surface');
+    const key = await authenticateKey(
+      verifier,
+      request,
+      projectId,
+      'execution',
+      { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
+      reply,
+    );
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();
     const server = buildServer(mcp, {
@@ -399,10 +401,14 @@ export function mountMcp(
   // Stateless: no server-initiated stream (GET) and no session to end (DELETE).
   const notAllowed = async (request: FastifyRequest, reply: FastifyReply) => {
     const { projectId } = request.params as { projectId: string };
-    await authenticateKey(verifier, request, projectId, 'execution', {
-      surface: 'exec',
-      quota: limits,
-    });
+    await authenticateKey(
+      verifier,
+      request,
+      projectId,
+      'execution',
+      { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
+      reply,
+    );
     return reply
       .code(405)
       .header('Allow', 'POST')

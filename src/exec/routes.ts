@@ -18,7 +18,6 @@ import type {
 } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey, requireKey } from '../http/auth.js';
-import { projectWide, refuseBoundKey } from '../http/project-wide.js';
 import { execErrorHandler } from '../http/errors.js';
 import type { KeyVerifier } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
@@ -34,16 +33,17 @@ export function execRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     const quota = s.limits;
     const management = {
-      preParsing: [
-        requireKey(s.verifier, 'management', { quota }),
-        projectWide('join keys and agents'),
-      ],
+      preParsing: requireKey(s.verifier, 'management', {
+        quota,
+        projectWide: 'join keys and agents',
+      }),
     };
     const execution = {
-      preParsing: [
-        requireKey(s.verifier, 'execution', { surface: 'exec', quota }),
-        projectWide('the execution surface'),
-      ],
+      preParsing: requireKey(s.verifier, 'execution', {
+        surface: 'exec',
+        quota,
+        projectWide: 'the execution surface',
+      }),
     };
     const x = s.exec;
     const m = x.management;
@@ -194,17 +194,20 @@ function execBodies(app: FastifyInstance): void {
  * up an agent needs the broker's key next to the join key minted with that key.
  */
 function brokerScope(verifier: KeyVerifier, limits: Limits): preHandlerAsyncHookHandler {
-  return async (request) => {
+  return async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(verifier, request, projectId, null, {
-      surface: 'exec',
-      quota: limits,
-    });
+    const key = await authenticateKey(
+      verifier,
+      request,
+      projectId,
+      null,
+      { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
+      reply,
+    );
     if (!key.scopes.includes('execution') && !key.scopes.includes('management')) {
       throw new ServiceError('scope_insufficient', {
         message: "This route requires the 'execution' scope.",
       });
     }
-    refuseBoundKey(key, 'the execution surface');
   };
 }

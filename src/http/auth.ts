@@ -11,6 +11,7 @@ import type { Endpoint } from '../endpoints/repository.js';
 import { managementHeaders, type Limits } from './limits.js';
 import { ServiceError } from '../errors/index.js';
 import { internalKeyOf } from './internal-key.js';
+import { refuseBoundKey } from './project-wide.js';
 import {
   ipAllowed,
   type KeyRecord,
@@ -59,6 +60,12 @@ export interface KeyCheck {
    * request those refuse spends no quota unit, as on the chat route.
    */
   quotaWithManagement?: boolean;
+  /**
+   * The route acts on the whole project (what it holds, e.g. 'budget alerts'): a key
+   * bound to an endpoint is refused, 403 `endpoint_restricted` (http/project-wide.ts),
+   * before its quota is counted.
+   */
+  projectWide?: string;
 }
 
 /** The default: no allocation on the chat path, which passes none. */
@@ -111,6 +118,7 @@ export async function authenticateKey(
       message: `This route requires the '${scope}' scope.`,
     });
   }
+  if (check.projectWide !== undefined) refuseBoundKey(v.key, check.projectWide);
   if (check.quota && !internal) {
     if (check.quotaWithManagement) request.keyQuotaDue = true;
     else {

@@ -8,7 +8,6 @@
  * than the one endpoint the key was given. The chat tool bridge (`x_exec`) reaches
  * the execution plane through its endpoint's path and is not refused.
  */
-import type { FastifyRequest } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 
 /** Throws 403 `endpoint_restricted` when the key is bound to an endpoint. */
@@ -18,11 +17,4 @@ export function refuseBoundKey(key: { endpointId: string | null }, what: string)
       message: `A key bound to an endpoint cannot use ${what}, which belong to the whole project.`,
     });
   }
-}
-
-/** A hook (after the key's own) refusing bound keys on a project-wide route. */
-export function projectWide(what: string) {
-  return async (request: FastifyRequest): Promise<void> => {
-    refuseBoundKey(request.apiKey!, what);
-  };
 }

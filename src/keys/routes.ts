@@ -8,7 +8,6 @@
  */
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { requireKey } from '../http/auth.js';
-import { projectWide } from '../http/project-wide.js';
 import type { Services } from '../runtime/services.js';
 
 interface P {
@@ -17,8 +16,13 @@ interface P {
 
 export function keyRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
-    app.addHook('preParsing', projectWide('the project’s keys'));
+    app.addHook(
+      'preParsing',
+      requireKey(s.verifier, 'management', {
+        quota: s.limits,
+        projectWide: 'the project’s keys',
+      }),
+    );
     const project = (req: { apiKey?: { projectId: string; projectSlug: string } }) => ({
       id: req.apiKey!.projectId,
       slug: req.apiKey!.projectSlug,

@@ -24,7 +24,10 @@ export function webhookRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
     // Both before the body is read: the key, the endpoint binding and the
     // management limit decide before a malformed body can (spec: 401 first).
-    app.addHook('preParsing', requireKey(s.verifier, 'management', { quota: s.limits }));
+    app.addHook(
+      'preParsing',
+      requireKey(s.verifier, 'management', { quota: s.limits, quotaWithManagement: true }),
+    );
     app.addHook('preParsing', async (request, reply) => {
       const { endpointSlug } = request.params as Params;
       const key = request.apiKey!;

@@ -94,6 +94,27 @@ describe('key management security', () => {
     }
   });
 
+  it('a refusal for the binding spends no unit of the key’s quota', async () => {
+    const bound = await operatorKey({
+      scopes: ['management'],
+      endpointId: p.endpointId,
+      quotaRequests: 2,
+      quotaWindow: 60,
+    });
+    const v1 = `/${p.projectId}/v1`;
+    for (const path of [`${v1}/budget_alerts`, `${v1}/agents`, keys(), `${v1}/webhooks`]) {
+      const r = await s.call('GET', path, { key: bound.key });
+      assert.equal(r.status, 403, path);
+      assert.equal(err(r).code, 'endpoint_restricted', path);
+    }
+    // Its two units are whole: its own endpoint's routes admit two, then 429.
+    const own = `/${p.projectId}/main/v1/slos`;
+    const statuses = [];
+    for (let i = 0; i < 3; i++)
+      statuses.push((await s.call('GET', own, { key: bound.key })).status);
+    assert.deepEqual(statuses, [200, 200, 429]);
+  });
+
   it('a rotated-out value keeps only the scopes the key still has', async () => {
     const models = `/${p.projectId}/v1/models`;
     const wide = await operatorKey({ scopes: ['management', 'inference'] });
