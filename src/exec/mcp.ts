@@ -348,16 +348,18 @@ export function mountMcp(
   limits: Limits,
 ): void {
   const path = '/:projectId/v1/mcp';
-  app.post(path, async (request, reply) => {
-    const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(
+  /** The caller's key: scope `execution`, not bound to an endpoint, within its quota. */
+  const keyOf = (request: FastifyRequest, reply: FastifyReply) =>
+    authenticateKey(
       verifier,
       request,
-      projectId,
+      (request.params as { projectId: string }).projectId,
       'execution',
       { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
       reply,
     );
+  app.post(path, async (request, reply) => {
+    const key = await keyOf(request, reply);
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();
     const server = buildServer(mcp, {
@@ -400,15 +402,7 @@ export function mountMcp(
   });
   // Stateless: no server-initiated stream (GET) and no session to end (DELETE).
   const notAllowed = async (request: FastifyRequest, reply: FastifyReply) => {
-    const { projectId } = request.params as { projectId: string };
-    await authenticateKey(
-      verifier,
-      request,
-      projectId,
-      'execution',
-      { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
-      reply,
-    );
+    await keyOf(request, reply);
     return reply
       .code(405)
       .header('Allow', 'POST')

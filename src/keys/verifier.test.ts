@@ -34,21 +34,26 @@ const record = (revokedAt: Date | null): KeyRecord => ({
   createdAt: new Date(0),
 });
 
+type Found = (SecretLookup & { hash: string }) | null;
+
+/** A verifier whose every database lookup waits until the test answers it. */
+function verifierWithPendingLookups() {
+  const { value } = generateKey('p');
+  const lookups: Array<ReturnType<typeof deferred<Found>>> = [];
+  const repo = {
+    findBySecretHash: () => {
+      const d = deferred<Found>();
+      lookups.push(d);
+      return d.promise;
+    },
+  } as unknown as KeyRepository;
+  const v = new KeyVerifier(repo, new FakeClock(), { cacheSize: 10, ttlMs: 600_000 });
+  return { v, auth: `Bearer ${value}`, hash: hashKey(value), lookups };
+}
+
 describe('invalidation racing a lookup in flight', () => {
   it('a revocation that arrives while the key is being looked up is not undone', async () => {
-    const { value } = generateKey('p');
-    const hash = hashKey(value);
-    const lookups: Array<ReturnType<typeof deferred<(SecretLookup & { hash: string }) | null>>> =
-      [];
-    const repo = {
-      findBySecretHash: () => {
-        const d = deferred<(SecretLookup & { hash: string }) | null>();
-        lookups.push(d);
-        return d.promise;
-      },
-    } as unknown as KeyRepository;
-    const v = new KeyVerifier(repo, new FakeClock(), { cacheSize: 10, ttlMs: 600_000 });
-    const auth = `Bearer ${value}`;
+    const { v, auth, hash, lookups } = verifierWithPendingLookups();
     // A request's lookup reads the row before the revocation commits elsewhere...
     const first = v.verify(auth);
     // ...the revocation's invalidation arrives while that reply is on its way...
@@ -63,19 +68,7 @@ describe('invalidation racing a lookup in flight', () => {
   });
 
   it('a request after the invalidation does not join the lookup that started before it', async () => {
-    const { value } = generateKey('p');
-    const hash = hashKey(value);
-    const lookups: Array<ReturnType<typeof deferred<(SecretLookup & { hash: string }) | null>>> =
-      [];
-    const repo = {
-      findBySecretHash: () => {
-        const d = deferred<(SecretLookup & { hash: string }) | null>();
-        lookups.push(d);
-        return d.promise;
-      },
-    } as unknown as KeyRepository;
-    const v = new KeyVerifier(repo, new FakeClock(), { cacheSize: 10, ttlMs: 600_000 });
-    const auth = `Bearer ${value}`;
+    const { v, auth, hash, lookups } = verifierWithPendingLookups();
     const before = v.verify(auth);
     v.invalidate('key-1');
     const after = v.verify(auth);

@@ -7,7 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { afterEach, describe, it } from 'node:test';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceFixture,
+  type InferenceFixture,
+  inferenceKey,
+  postChat,
+} from '../support/inference.js';
 
 interface Limited {
   status: number;
@@ -18,15 +23,7 @@ interface Limited {
 }
 
 async function chat(f: InferenceFixture, key: string): Promise<Limited> {
-  const r = await fetch(`${f.baseURL}/chat/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({
-      model: 'x',
-      messages: [{ role: 'user', content: 'hi' }],
-      max_tokens: 2,
-    }),
-  });
+  const r = await postChat(f, { max_tokens: 2 }, undefined, key);
   const body = (await r.json()) as { error?: { retry_after?: number } };
   const num = (name: string) => Number(r.headers.get(name));
   // The RateLimit-* headers and their X- twins always say the same.
@@ -44,19 +41,13 @@ async function chat(f: InferenceFixture, key: string): Promise<Limited> {
   };
 }
 
-async function newKey(f: InferenceFixture, body: Record<string, unknown>): Promise<string> {
-  const r = await f.server.admin('POST', '/projects/inf/keys', body);
-  assert.equal(r.status, 201, r.text);
-  return String(r.body.key);
-}
-
 describe('rate-limit headers on the chat route', () => {
   let f: InferenceFixture;
   afterEach(() => f.close());
 
   it('tier rule (free: 64/min + 32, GCRA): Limit is burst + 1, Remaining counts down to 0, Reset is until the bucket is full; a 429 has Reset = Retry-After', async () => {
     f = await inferenceFixture({ tier: 'free' });
-    const key = await newKey(f, { quotaRequests: 100_000 });
+    const key = await inferenceKey(f, { quotaRequests: 100_000 });
     // A fresh bucket admits 33 at once: the first answer says 32 more can follow now,
     // and the bucket is full again one emission interval (937.5 ms) later.
     const first = await chat(f, key);
@@ -88,7 +79,7 @@ describe('rate-limit headers on the chat route', () => {
 
   it("a key quota's 429 (rolling window) has Reset = Retry-After: the next admission, not the window's end", async () => {
     f = await inferenceFixture({ tier: 'self_hosted' });
-    const key = await newKey(f, { quotaRequests: 3, quotaWindow: 60 });
+    const key = await inferenceKey(f, { quotaRequests: 3, quotaWindow: 60 });
     const seen: Limited[] = [];
     for (let i = 0; i < 3; i++) {
       seen.push(await chat(f, key));
@@ -118,7 +109,7 @@ describe('rate-limit headers on the chat route', () => {
       max_tokens_per_minute: 20,
     });
     assert.equal(patched.status, 200, patched.text);
-    const key = await newKey(f, { quotaRequests: 1000 });
+    const key = await inferenceKey(f, { quotaRequests: 1000 });
     // Each request uses 10-19 tokens (the inference tests check it): two reach 20.
     const a = await chat(f, key);
     assert.equal(a.status, 200);

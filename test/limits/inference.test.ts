@@ -7,25 +7,12 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-
-function chat(f: InferenceFixture, key = f.key) {
-  return fetch(`${f.baseURL}/chat/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({
-      model: 'x',
-      messages: [{ role: 'user', content: 'hi' }],
-      max_tokens: 2,
-    }),
-  });
-}
-
-async function newKey(f: InferenceFixture, body: Record<string, unknown>): Promise<string> {
-  const r = await f.server.admin('POST', '/projects/inf/keys', body);
-  assert.equal(r.status, 201, r.text);
-  return String(r.body.key);
-}
+import {
+  inferenceFixture,
+  inferenceKey,
+  postChat,
+  type InferenceFixture,
+} from '../support/inference.js';
 
 describe('tier limit: free is 64 per minute plus a burst of 32', () => {
   let f: InferenceFixture;
@@ -35,11 +22,11 @@ describe('tier limit: free is 64 per minute plus a burst of 32', () => {
   after(() => f.close());
 
   it('admits burst + 1 at once, then 429 with Retry-After and the retry envelope', async () => {
-    const key = await newKey(f, { quotaRequests: 100_000 });
+    const key = await inferenceKey(f, { quotaRequests: 100_000 });
     const statuses: number[] = [];
     let last: Response | undefined;
     for (let i = 0; i < 34; i++) {
-      last = await chat(f, key);
+      last = await postChat(f, { max_tokens: 2 }, undefined, key);
       statuses.push(last.status);
       if (last.status === 200) await last.arrayBuffer();
     }
@@ -66,21 +53,21 @@ describe('tier limit: free is 64 per minute plus a burst of 32', () => {
     });
     // One emission interval (60 s / 64 = 937.5 ms) later, one more is admitted.
     f.server.clock.advance(937);
-    assert.equal((await chat(f, key)).status, 429);
+    assert.equal((await postChat(f, { max_tokens: 2 }, undefined, key)).status, 429);
     f.server.clock.advance(1);
-    const ok = await chat(f, key);
+    const ok = await postChat(f, { max_tokens: 2 }, undefined, key);
     assert.equal(ok.status, 200);
   });
 
   it('steady overload: every 60 s window admits at most 96 and about 64 once drained', async () => {
     f.server.clock.advance(10 * 60_000); // a quiet period refills the burst
-    const key = await newKey(f, { quotaRequests: 100_000 });
+    const key = await inferenceKey(f, { quotaRequests: 100_000 });
     const admitted: number[] = [];
     const start = f.server.clock.now();
     // 10x the tier rate for 4 minutes: one request every 93.75 ms -> every 94 ms.
     for (let t = 0; t < 4 * 60_000; t += 94) {
       f.server.clock.set(start + t);
-      const r = await chat(f, key);
+      const r = await postChat(f, { max_tokens: 2 }, undefined, key);
       if (r.status === 200) admitted.push(t);
       await r.arrayBuffer();
     }
@@ -105,24 +92,24 @@ describe('per-key quota, endpoint limits', () => {
 
   it('a tighter key quota takes precedence and the headers reflect it', async () => {
     f = await inferenceFixture({ tier: 'cpu' });
-    const key = await newKey(f, { quotaRequests: 5, quotaWindow: 30 });
+    const key = await inferenceKey(f, { quotaRequests: 5, quotaWindow: 30 });
     for (let i = 0; i < 5; i++) {
-      const r = await chat(f, key);
+      const r = await postChat(f, { max_tokens: 2 }, undefined, key);
       assert.equal(r.status, 200);
       assert.equal(r.headers.get('ratelimit-limit'), '5');
       assert.equal(r.headers.get('ratelimit-remaining'), String(4 - i));
       await r.arrayBuffer();
     }
-    const denied = await chat(f, key);
+    const denied = await postChat(f, { max_tokens: 2 }, undefined, key);
     assert.equal(denied.status, 429);
     assert.equal(denied.headers.get('retry-after'), '30');
     assert.equal(denied.headers.get('ratelimit-limit'), '5');
     assert.equal(denied.headers.get('ratelimit-reset'), '30');
     f.server.clock.advance(30_000);
-    assert.equal((await chat(f, key)).status, 200);
+    assert.equal((await postChat(f, { max_tokens: 2 }, undefined, key)).status, 200);
     // Another key of the same project is not affected by this key's quota.
-    const other = await newKey(f, {});
-    assert.equal((await chat(f, other)).status, 200);
+    const other = await inferenceKey(f, {});
+    assert.equal((await postChat(f, { max_tokens: 2 }, undefined, other)).status, 200);
   });
 
   it("the endpoint's requests and tokens per minute", async () => {
@@ -131,9 +118,10 @@ describe('per-key quota, endpoint limits', () => {
       max_requests_per_minute: 3,
     });
     assert.equal(ep.status, 200);
-    const key = await newKey(f, { quotaRequests: 1000 });
-    for (let i = 0; i < 3; i++) assert.equal((await chat(f, key)).status, 200);
-    const r = await chat(f, key);
+    const key = await inferenceKey(f, { quotaRequests: 1000 });
+    for (let i = 0; i < 3; i++)
+      assert.equal((await postChat(f, { max_tokens: 2 }, undefined, key)).status, 200);
+    const r = await postChat(f, { max_tokens: 2 }, undefined, key);
     assert.equal(r.status, 429);
     assert.equal(r.headers.get('ratelimit-limit'), '3');
     f.server.clock.advance(60_000);
@@ -142,12 +130,12 @@ describe('per-key quota, endpoint limits', () => {
       max_requests_per_minute: 1000,
       max_tokens_per_minute: 20,
     });
-    const a = await chat(f, key);
+    const a = await postChat(f, { max_tokens: 2 }, undefined, key);
     assert.equal(a.status, 200);
     const used = ((await a.json()) as { usage: { total_tokens: number } }).usage.total_tokens;
     assert.ok(used >= 10 && used < 20, `tokens per request: ${used}`);
-    assert.equal((await chat(f, key)).status, 200);
-    const t = await chat(f, key);
+    assert.equal((await postChat(f, { max_tokens: 2 }, undefined, key)).status, 200);
+    const t = await postChat(f, { max_tokens: 2 }, undefined, key);
     assert.equal(t.status, 429);
     assert.equal(
       ((await t.json()) as { error: { code: string } }).error.code,
@@ -157,7 +145,7 @@ describe('per-key quota, endpoint limits', () => {
 
   it('the OpenAI SDK backs off on Retry-After and then gives up with RateLimitError', async () => {
     f = await inferenceFixture({ tier: 'cpu' });
-    const key = await newKey(f, { quotaRequests: 1, quotaWindow: 1 });
+    const key = await inferenceKey(f, { quotaRequests: 1, quotaWindow: 1 });
     const client = new OpenAI({ baseURL: f.baseURL, apiKey: key, maxRetries: 2 });
     await client.chat.completions.create({
       model: 'x',

@@ -115,10 +115,11 @@ export function postChat(
   f: InferenceFixture,
   body: Record<string, unknown> = {},
   signal?: AbortSignal,
+  key = f.key,
 ): Promise<Response> {
   return fetch(`${f.baseURL}/chat/completions`, {
     method: 'POST',
-    headers: { authorization: `Bearer ${f.key}`, 'content-type': 'application/json' },
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
     body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
     ...(signal ? { signal } : {}),
   });
@@ -175,3 +176,13 @@ export const weatherTool = {
     },
   },
 };
+
+/** A new key of the fixture's project (`inf`), made through the operator API. */
+export async function inferenceKey(
+  f: InferenceFixture,
+  body: Record<string, unknown>,
+): Promise<string> {
+  const r = await f.server.admin('POST', '/projects/inf/keys', body);
+  assert.equal(r.status, 201, r.text);
+  return String(r.body.key);
+}
