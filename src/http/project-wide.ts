@@ -14,7 +14,7 @@ import { ServiceError } from '../errors/index.js';
 export function refuseBoundKey(key: { endpointId: string | null }, what: string): void {
   if (key.endpointId !== null) {
     throw new ServiceError('endpoint_restricted', {
-      message: `A key bound to an endpoint cannot use ${what}, which are project-wide; use a key not bound to an endpoint.`,
+      message: `A key bound to an endpoint cannot use ${what} (project-wide); use a key not bound to an endpoint.`,
     });
   }
 }
