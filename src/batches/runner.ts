@@ -79,6 +79,8 @@ interface Claimed {
   projectId: string;
   keyId: string;
   endpoint: string;
+  /** The endpoint's id: its result files are visible to its keys (and unbound ones). */
+  endpointId: string;
   /** `/<project external id>/<endpoint slug>`: where the batch's requests go. */
   base: string;
 }
@@ -224,6 +226,7 @@ export class BatchRunner {
       projectId: row.projectId,
       keyId: row.keyId,
       endpoint: row.endpoint,
+      endpointId: row.endpointId,
       base: `/${where?.project ?? '-'}/${encodeURIComponent(where?.slug ?? '-')}`,
     };
   }
@@ -431,6 +434,7 @@ export class BatchRunner {
           projectId: b.projectId,
           filename: `${b.id}_${name}.jsonl`,
           purpose: 'batch_output',
+          endpointId: b.endpointId,
           bytes: 0,
           status: 'processed',
           createdAt: now,

@@ -212,17 +212,19 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
       return result;
     };
 
+    /** The endpoint the caller's key is bound to (null: any): scopes batch results. */
+    const boundTo = (r: FastifyRequest) => r.apiKey!.endpointId;
     for (const base of ['/:projectId/:endpointSlug/v1', '/:projectId/v1']) {
       app.post(`${base}/files`, createFile);
-      app.get(`${base}/files`, async (r) => files.list(projectOf(r), r.query));
+      app.get(`${base}/files`, async (r) => files.list(projectOf(r), r.query, boundTo(r)));
       app.get<{ Params: P }>(`${base}/files/:fileId`, async (r) =>
-        files.retrieve(projectOf(r), r.params.fileId),
+        files.retrieve(projectOf(r), r.params.fileId, boundTo(r)),
       );
       app.delete<{ Params: P }>(`${base}/files/:fileId`, async (r) =>
-        files.remove(projectOf(r), r.params.fileId),
+        files.remove(projectOf(r), r.params.fileId, boundTo(r)),
       );
       app.get<{ Params: P }>(`${base}/files/:fileId/content`, async (r, reply) => {
-        const file = await files.get(projectOf(r), r.params.fileId);
+        const file = await files.get(projectOf(r), r.params.fileId, null, boundTo(r));
         reply.header('content-length', String(file.bytes));
         reply.header(
           'content-disposition',

@@ -11,7 +11,7 @@
  * is the id of the last file of the previous page.
  */
 import { randomBytes } from 'node:crypto';
-import { and, asc, desc, eq, gt, lt, type SQL } from 'drizzle-orm';
+import { and, asc, desc, eq, gt, isNull, lt, or, type SQL } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { emitEvent } from '../events/outbox.js';
@@ -166,12 +166,28 @@ export class FileService {
     return stale.length;
   }
 
-  /** A processed file of the project, or 404 `file_not_found` (`param` names the field). */
-  async get(projectId: string, id: string, param: string | null = null): Promise<FileRow> {
+  /**
+   * A processed file of the project, or 404 `file_not_found` (`param` names the
+   * field). `boundTo`: the endpoint the caller's key is bound to (null: any), which
+   * does not see another endpoint's batch results.
+   */
+  async get(
+    projectId: string,
+    id: string,
+    param: string | null = null,
+    boundTo: string | null = null,
+  ): Promise<FileRow> {
     const [row] = await this.db
       .select()
       .from(F)
-      .where(and(eq(F.id, id), eq(F.projectId, projectId), eq(F.status, 'processed')))
+      .where(
+        and(
+          eq(F.id, id),
+          eq(F.projectId, projectId),
+          eq(F.status, 'processed'),
+          visibleTo(boundTo),
+        ),
+      )
       .limit(1);
     if (!row) {
       throw new ServiceError('file_not_found', { message: `No such file: '${id}'.`, param });
@@ -179,13 +195,15 @@ export class FileService {
     return row;
   }
 
-  async retrieve(projectId: string, id: string): Promise<FileObject> {
-    return publicFile(await this.get(projectId, id));
+  async retrieve(projectId: string, id: string, boundTo: string | null = null) {
+    return publicFile(await this.get(projectId, id, null, boundTo));
   }
 
-  async list(projectId: string, query: unknown) {
+  async list(projectId: string, query: unknown, boundTo: string | null = null) {
     const q = parseField(listQuery, query ?? {});
     const where: SQL[] = [eq(F.projectId, projectId), eq(F.status, 'processed')];
+    const visible = visibleTo(boundTo);
+    if (visible) where.push(visible);
     if (q.purpose) where.push(eq(F.purpose, q.purpose));
     if (q.after) {
       const [cursor] = await this.db
@@ -213,12 +231,20 @@ export class FileService {
   async remove(
     projectId: string,
     id: string,
+    boundTo: string | null = null,
   ): Promise<{ id: string; object: 'file'; deleted: true }> {
     const now = new Date(this.clock.now());
     await this.db.transaction(async (tx) => {
       const [row] = await tx
         .delete(F)
-        .where(and(eq(F.id, id), eq(F.projectId, projectId), eq(F.status, 'processed')))
+        .where(
+          and(
+            eq(F.id, id),
+            eq(F.projectId, projectId),
+            eq(F.status, 'processed'),
+            visibleTo(boundTo),
+          ),
+        )
         .returning();
       if (!row) throw new ServiceError('file_not_found', { message: `No such file: '${id}'.` });
       await deleteChunks(tx, id);
@@ -237,4 +263,13 @@ export class FileService {
   content(id: string): AsyncGenerator<Buffer> {
     return readChunks(this.db, id);
   }
+}
+
+/**
+ * The files a key bound to `boundTo` sees: the project's uploads, and the batch
+ * results of its own endpoint (not another endpoint's, whose batches it cannot
+ * see either). Null: no restriction.
+ */
+function visibleTo(boundTo: string | null): SQL | undefined {
+  return boundTo === null ? undefined : or(isNull(F.endpointId), eq(F.endpointId, boundTo));
 }

@@ -752,6 +752,11 @@ export const files = pgTable(
       .references(() => projects.id),
     filename: text('filename').notNull(),
     purpose: text('purpose').notNull(),
+    /**
+     * The endpoint a `batch_output` file's batch ran on: a key bound to another
+     * endpoint does not see it. Null for uploads, which belong to the project.
+     */
+    endpointId: uuid('endpoint_id').references(() => endpoints.id),
     bytes: bigint('bytes', { mode: 'number' }).notNull().default(0),
     status: text('status').notNull(),
     createdAt: createdAt(),

@@ -274,6 +274,47 @@ describe('batches with the OpenAI SDK', () => {
     assert.equal((await apiError(f.client.batches.cancel('batch_nope'))).status, 404);
   });
 
+  it('a key bound to another endpoint does not see this endpoint’s batch results', async () => {
+    const inputFileId = await uploadBatchInput(f, [chatLine('r1')]);
+    const batch = await f.client.batches.create({
+      input_file_id: inputFileId,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    });
+    startRunner();
+    await waitForStatus(f, batch.id, ['completed']);
+    const done = await f.client.batches.retrieve(batch.id);
+    const results = [done.output_file_id!, done.error_file_id].filter((x): x is string => !!x);
+    const ep = await f.server.admin('POST', '/projects/inf/endpoints', {
+      slug: 'side',
+      name: 'Side',
+      model: 'sim-model',
+      tier: 'cpu',
+    });
+    assert.equal(ep.status, 201, ep.text);
+    const k = await f.server.admin('POST', '/projects/inf/keys', {
+      scopes: ['inference'],
+      endpointId: String(ep.body.id),
+    });
+    const side = new OpenAI({
+      baseURL: `${f.server.url}/${f.projectId}/side/v1`,
+      apiKey: String(k.body.key),
+      maxRetries: 0,
+    });
+    const listed = (await side.files.list()).data.map((x) => x.id);
+    for (const id of results) {
+      assert.ok(!listed.includes(id), 'not listed');
+      assert.equal((await apiError(side.files.retrieve(id))).status, 404);
+      assert.equal((await apiError(side.files.content(id))).status, 404);
+      assert.equal((await apiError(side.files.delete(id))).status, 404);
+      // The unbound key that made the batch still has them.
+      assert.equal((await f.client.files.retrieve(id)).id, id);
+    }
+    // Uploads belong to the project: the bound key sees the input file.
+    assert.ok(listed.includes(inputFileId));
+    assert.equal((await side.files.retrieve(inputFileId)).id, inputFileId);
+  });
+
   it('keeps batches to their project', async () => {
     const inputFileId = await uploadBatchInput(f, [chatLine('p1')]);
     const batch = await f.client.batches.create({
