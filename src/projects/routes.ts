@@ -32,7 +32,13 @@ const modelName = z
   .string()
   .min(1)
   .max(200)
-  .regex(/^[A-Za-z0-9._:/-]+$/, 'must be letters, digits and . _ : / -');
+  .regex(/^[A-Za-z0-9._:/-]+$/, 'must be letters, digits and . _ : / -')
+  // A segment `.` or `..` (or an empty one) would be a path the SDKs refuse to build,
+  // and clients normalise away: the model could never be retrieved or deleted.
+  .refine(
+    (id) => id.split('/').every((seg) => seg !== '' && seg !== '.' && seg !== '..'),
+    "must not have an empty, '.' or '..' segment between slashes",
+  );
 const contextWindow = z.number().int().min(16).max(10_000_000);
 const capabilities = z
   .array(z.enum(CAPABILITIES))

@@ -80,6 +80,11 @@ describe('Models API writes', () => {
     const cases: Array<[unknown, string, string]> = [
       [{ context_window: 2048 }, 'invalid_body', 'id'],
       [{ id: 'has space', context_window: 2048 }, 'invalid_body', 'id'],
+      // Segments no client can put in a path (the SDKs refuse them).
+      [{ id: '..', context_window: 2048 }, 'invalid_body', 'id'],
+      [{ id: 'team/./x', context_window: 2048 }, 'invalid_body', 'id'],
+      [{ id: 'a//b', context_window: 2048 }, 'invalid_body', 'id'],
+      [{ id: 'trailing/', context_window: 2048 }, 'invalid_body', 'id'],
       [{ id: 'm1', context_window: 0 }, 'invalid_body', 'context_window'],
       [
         { id: 'm1', context_window: 2048, capabilities: ['telepathy'] },
