@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
-import { parseBody } from './validate.js';
+import { parseBody, parseField } from './validate.js';
 
 const schema = z
   .object({
@@ -46,5 +46,22 @@ describe('parseBody', () => {
     const notObject = refusal([]);
     assert.equal(notObject.param, null);
     assert.doesNotMatch(notObject.message, /Missing/);
+  });
+});
+
+describe('parseField', () => {
+  it('a record key refused by its own schema says why, not "Invalid key in record"', () => {
+    const schema = z.object({
+      metadata: z.record(z.string().max(64, 'keys up to 64 characters'), z.string()),
+    });
+    const key = 'k'.repeat(70);
+    assert.throws(
+      () => parseField(schema, { metadata: { [key]: 'v' } }),
+      (e: unknown) =>
+        e instanceof ServiceError &&
+        e.code === 'invalid_value' &&
+        e.param === `metadata.${key}` &&
+        /keys up to 64 characters/.test(e.message),
+    );
   });
 });

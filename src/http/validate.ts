@@ -77,6 +77,11 @@ export function parseField<S extends z.ZodType>(
  * (`content[0].type`). Anything else stays the union's own issue.
  */
 function unionIssue(issue: z.core.$ZodIssue): z.core.$ZodIssue {
+  // A record key that failed its own schema (`metadata` keys up to 64 characters):
+  // that schema's message, not zod's generic "Invalid key in record".
+  if (issue.code === 'invalid_key' && issue.issues.length > 0) {
+    return { ...issue.issues[0]!, path: issue.path } as z.core.$ZodIssue;
+  }
   if (issue.code !== 'invalid_union' || issue.errors.length === 0) return issue;
   const typeMiss = (b: z.core.$ZodIssue[]) =>
     b.length > 0 && b[0]!.code === 'invalid_type' && b[0]!.path.length === 0;
