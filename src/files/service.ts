@@ -180,14 +180,7 @@ export class FileService {
     const [row] = await this.db
       .select()
       .from(F)
-      .where(
-        and(
-          eq(F.id, id),
-          eq(F.projectId, projectId),
-          eq(F.status, 'processed'),
-          visibleTo(boundTo),
-        ),
-      )
+      .where(fileOf(projectId, id, boundTo))
       .limit(1);
     if (!row) {
       throw new ServiceError('file_not_found', { message: `No such file: '${id}'.`, param });
@@ -237,14 +230,7 @@ export class FileService {
     await this.db.transaction(async (tx) => {
       const [row] = await tx
         .delete(F)
-        .where(
-          and(
-            eq(F.id, id),
-            eq(F.projectId, projectId),
-            eq(F.status, 'processed'),
-            visibleTo(boundTo),
-          ),
-        )
+        .where(fileOf(projectId, id, boundTo))
         .returning();
       if (!row) throw new ServiceError('file_not_found', { message: `No such file: '${id}'.` });
       await deleteChunks(tx, id);
@@ -263,6 +249,16 @@ export class FileService {
   content(id: string): AsyncGenerator<Buffer> {
     return readChunks(this.db, id);
   }
+}
+
+/** The processed file `id` of the project, as a caller bound to `boundTo` sees it. */
+function fileOf(projectId: string, id: string, boundTo: string | null): SQL | undefined {
+  return and(
+    eq(F.id, id),
+    eq(F.projectId, projectId),
+    eq(F.status, 'processed'),
+    visibleTo(boundTo),
+  );
 }
 
 /**

@@ -11,7 +11,12 @@ import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { tables } from '../../src/store/index.js';
-import { apiError, inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  apiError,
+  inferenceEndpoint,
+  inferenceFixture,
+  type InferenceFixture,
+} from '../support/inference.js';
 import { validateCompletion } from '../support/openai-schemas.js';
 import { chatLine, readLines, uploadBatchInput, waitForStatus } from './support.js';
 
@@ -285,16 +290,9 @@ describe('batches with the OpenAI SDK', () => {
     await waitForStatus(f, batch.id, ['completed']);
     const done = await f.client.batches.retrieve(batch.id);
     const results = [done.output_file_id!, done.error_file_id].filter((x): x is string => !!x);
-    const ep = await f.server.admin('POST', '/projects/inf/endpoints', {
-      slug: 'side',
-      name: 'Side',
-      model: 'sim-model',
-      tier: 'cpu',
-    });
-    assert.equal(ep.status, 201, ep.text);
     const k = await f.server.admin('POST', '/projects/inf/keys', {
       scopes: ['inference'],
-      endpointId: String(ep.body.id),
+      endpointId: await inferenceEndpoint(f, 'side'),
     });
     const side = new OpenAI({
       baseURL: `${f.server.url}/${f.projectId}/side/v1`,

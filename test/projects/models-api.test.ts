@@ -5,7 +5,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceEndpoint,
+  inferenceFixture,
+  type InferenceFixture,
+} from '../support/inference.js';
 import { seedProject } from '../support/harness.js';
 import { validateModelList } from '../support/openai-schemas.js';
 
@@ -159,13 +163,7 @@ describe('Models API writes', () => {
       ).status,
       201,
     );
-    const e = await f.server.admin('POST', '/projects/inf/endpoints', {
-      slug: 'emb',
-      name: 'Embedder',
-      model: 'team/embedder',
-      tier: 'cpu',
-    });
-    assert.equal(e.status, 201, e.text);
+    await inferenceEndpoint(f, 'emb', 'team/embedder');
     const emb = new OpenAI({
       baseURL: `${f.server.url}/${f.projectId}/emb/v1`,
       apiKey: f.key,

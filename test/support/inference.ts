@@ -186,3 +186,19 @@ export async function inferenceKey(
   assert.equal(r.status, 201, r.text);
   return String(r.body.key);
 }
+
+/** Another endpoint of the fixture's project (`inf`), on the cpu tier; its id. */
+export async function inferenceEndpoint(
+  f: InferenceFixture,
+  slug: string,
+  model = 'sim-model',
+): Promise<string> {
+  const r = await f.server.admin('POST', '/projects/inf/endpoints', {
+    slug,
+    name: slug,
+    model,
+    tier: 'cpu',
+  });
+  assert.equal(r.status, 201, r.text);
+  return String(r.body.id);
+}
