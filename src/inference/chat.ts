@@ -665,6 +665,19 @@ export class ChatCompletions {
             continue attempts;
           }
         }
+        if (!committed && (broken !== null || upstreamError !== null || !done)) {
+          // No worker left to fail over to, and nothing sent yet (headers wait for the
+          // first token): an HTTP error the client can retry, not a 200 stream that
+          // ends in an error event.
+          if (broken !== null) {
+            run.request.log.warn({ err: broken, worker: run.worker.id }, 'worker stream failed');
+          }
+          abort.abort();
+          throw new ServiceError('upstream_error', {
+            message:
+              upstreamError ?? 'The inference worker ended the stream before its first token.',
+          });
+        }
         commit();
         for (const h of held.splice(0)) raw.write(h);
         if (broken !== null) {

@@ -81,6 +81,13 @@ async function recordingWorker() {
       const chunk = (choices: unknown[], extra: Record<string, unknown> = {}) =>
         `data: ${JSON.stringify({ ...base, object: 'chat.completion.chunk', choices, ...extra })}\n\n`;
       res.writeHead(200, { 'content-type': 'text/event-stream' });
+      // A stream that ends before any token (no [DONE]): the worker gave up.
+      if (body.stop_before_token) {
+        res.end(
+          chunk([{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }]),
+        );
+        return;
+      }
       res.end(
         chunk([{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }]) +
           chunk([{ index: 0, delta: { content: 'ok' }, finish_reason: null }]) +
@@ -317,6 +324,14 @@ describe('the body a worker receives', () => {
     const row = rows.find((x) => x.requestId === id);
     assert.equal(row?.status, 'completed');
     assert.equal(row?.promptTokens, 5, "the worker's own count, from its last chunk");
+  });
+
+  it('a stream that ends before its first token, with no worker to fail over to, is a 502', async () => {
+    const r = await send({ stream: true, stop_before_token: true });
+    assert.equal(r.status, 502, r.text);
+    assert.match(String(r.headers.get('content-type')), /application\/json/);
+    const e = (JSON.parse(r.text) as { error: { code: string } }).error;
+    assert.equal(e.code, 'upstream_error');
   });
 
   it('a request the worker fails before generating anything is free, streamed or not', async () => {
