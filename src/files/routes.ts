@@ -212,7 +212,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
       return result;
     };
 
-    /** The endpoint the caller's key is bound to (null: any): scopes batch results. */
+    /** The endpoint the caller's key is bound to (null: not bound): scopes batch results. */
     const boundTo = (r: FastifyRequest) => r.apiKey!.endpointId;
     for (const base of ['/:projectId/:endpointSlug/v1', '/:projectId/v1']) {
       app.post(`${base}/files`, createFile);

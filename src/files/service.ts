@@ -168,7 +168,7 @@ export class FileService {
 
   /**
    * A processed file of the project, or 404 `file_not_found` (`param` names the
-   * field). `boundTo`: the endpoint the caller's key is bound to (null: any), which
+   * field). `boundTo`: the endpoint the caller's key is bound to (null: not bound), which
    * does not see another endpoint's batch results.
    */
   async get(

@@ -260,16 +260,12 @@ export class Limits {
     });
     const ds = await this.acquire(rules, 'inference');
     if (!ds) return {};
-    // Admitted: the binding request rule (the tokens-per-minute rule counts tokens,
-    // not admissions, so it is shown only when it refuses).
-    let denied: Decision | undefined;
-    for (let i = 0; i < ds.length; i++) {
-      const d = ds[i]!;
-      if (!d.allowed && (denied === undefined || d.retryAfterMs > denied.retryAfterMs)) denied = d;
-    }
-    if (denied === undefined) return rateHeaders(binding(ds, tokenRule)!);
     // Refused: the headers and Retry-After both describe the refusing rule that frees
-    // up last, whichever it is, the tokens-per-minute rule included.
+    // up last, whichever it is, the tokens-per-minute rule included. Admitted: the
+    // binding request rule (the tokens-per-minute rule counts tokens, not admissions,
+    // so it is shown only when it refuses).
+    const denied = binding(ds)!;
+    if (denied.allowed) return rateHeaders(binding(ds, tokenRule)!);
     throw rateLimited(
       denied,
       rateHeaders(denied),

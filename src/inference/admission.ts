@@ -142,6 +142,14 @@ export function mapTransport(err: unknown): ServiceError {
   });
 }
 
+/** 503 for a request a shutdown ended before anything was sent: retry elsewhere. */
+export function shuttingDown(): ServiceError {
+  return new ServiceError('unavailable', {
+    message: 'The server is shutting down; retry on another instance.',
+    headers: { 'Retry-After': '1' },
+  });
+}
+
 export function deadlineMessage(tier: Tier): string {
   return `The request exceeded the ${tier.id} tier deadline of ${tier.requestDeadlineMs / 1000} s.`;
 }

@@ -33,7 +33,7 @@ import type { CatalogEntry } from '../exec/catalog.js';
 import type { PublicInvocation } from '../exec/invocations.js';
 import type { ExecService } from '../exec/service.js';
 import type { Clock } from '../runtime/clock.js';
-import { workerJson } from './admission.js';
+import { shuttingDown, workerJson } from './admission.js';
 import { Deadline } from './deadline.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier } from '../tiers/index.js';
@@ -544,10 +544,7 @@ export class ToolBridge {
     }
     if (this.serverEnded) {
       if (!this.headersSent) {
-        throw new ServiceError('unavailable', {
-          message: 'The server is shutting down; retry on another instance.',
-          headers: { 'Retry-After': '1' },
-        });
+        throw shuttingDown();
       }
       raw.end(sseError('cancelled', 'The server is shutting down; the stream was ended.'));
       return;

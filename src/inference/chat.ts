@@ -69,6 +69,7 @@ import {
   mapTransport,
   retryAfter,
   SATURATED,
+  shuttingDown,
   upstreamFailure,
   workerJson,
 } from './admission.js';
@@ -468,10 +469,7 @@ export class ChatCompletions {
     } catch (err) {
       if (serverEnded) {
         outcome = 'cancelled';
-        throw new ServiceError('unavailable', {
-          message: 'The server is shutting down; retry on another instance.',
-          headers: { 'Retry-After': '1' },
-        });
+        throw shuttingDown();
       }
       const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
       outcome = end.outcome;
@@ -539,10 +537,7 @@ export class ChatCompletions {
         } catch (err) {
           if (serverEnded) {
             outcome = 'cancelled';
-            throw new ServiceError('unavailable', {
-              message: 'The server is shutting down; retry on another instance.',
-              headers: { 'Retry-After': '1' },
-            });
+            throw shuttingDown();
           }
           if (deadline.timedOut) {
             // Nothing streamed yet; the timeout is still reported as the SSE error event.

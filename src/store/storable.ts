@@ -14,7 +14,7 @@ export const UNSTORABLE_ESCAPE = /\\u(?:0000|[dD][89a-fA-F])/;
 /**
  * Every escape in JSON text, left to right (each backslash of valid JSON starts
  * one, so `\\` is consumed whole and never read as the start of another): first
- * a surrogate pair (kept), then U+0000 or a lone surrogate (group `bad`), then any
+ * a surrogate pair (kept), then U+0000 or a lone surrogate (group `bad`), then every
  * other escape (kept).
  */
 const ESCAPE =

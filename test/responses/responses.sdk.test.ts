@@ -9,18 +9,18 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { eq, sql } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, until, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceFixture,
+  until,
+  weatherTool,
+  type InferenceFixture,
+} from '../support/inference.js';
 
+/** The chat tests' weather tool in the Responses API's flat shape, strict. */
 const weather = {
   type: 'function' as const,
-  name: 'get_weather',
-  description: 'Weather for a city',
-  parameters: {
-    type: 'object',
-    properties: { city: { type: 'string' } },
-    required: ['city'],
-    additionalProperties: false,
-  },
+  ...weatherTool.function,
+  parameters: { ...weatherTool.function.parameters, additionalProperties: false },
   strict: true,
 };
 
