@@ -19,7 +19,8 @@
  *    idempotency replay (the tool ran once) and conflict, approve and reject
  *    by a user (`exec.approval_requested` also checked with the re-emitter's
  *    `verifyApprovalRequestedSignature`), and beta SIGKILLed mid-invocation →
- *    lease expiry → `exec.agent_offline` + `exec.failed` (restarted with its
+ *    lease expiry → `exec.agent_offline` + `exec.failed`, its tool's process
+ *    group ended by its reaper (restarted with its
  *    identity file, beta is back online without enrolling again). Finally
  *    every delivery record of the router is `delivered` and reached the
  *    receiver.
@@ -891,10 +892,9 @@ describe('exec end to end: switchyard serve and two switchyard agent processes',
     errorOf(await api('GET', '/exec/tools/beta.hang', execKey), 404, 'exec_tool_not_found');
     const echo = await api('GET', '/exec/tools/echo', execKey);
     assert.deepEqual(echo.body.agents, [agentIds.alpha]);
-    // The tool beta started outlived it (its own process group): clean it up.
-    assert.ok(isAlive(pid));
-    process.kill(-pid, 'SIGKILL');
-    await until(`orphaned tool ${pid} gone`, () => !isAlive(pid));
+    // The tool runs in a process group of its own, which beta could not signal:
+    // beta's reaper process ended it (the whole group) when beta died.
+    await until(`tool ${pid} of the killed agent gone`, () => !isAlive(-pid));
 
     // Restarted with its identity file (no join key), beta comes back online
     // without enrolling again: no new agent, no second exec.agent_enrolled.

@@ -6,6 +6,8 @@
  * - The tool runs in a process group of its own, so a timeout or cancel
  *   reaches its children too: SIGTERM to the group, then SIGKILL after the
  *   grace period if it is still there.
+ * - An agent killed outright (SIGKILL, a crash) cannot signal its tools, so a
+ *   reaper process does it for the agent (see `Reaper`).
  * - stdout and stderr are each kept up to `maxOutputBytes`; the rest is
  *   discarded and `truncated` set.
  * Time here is real (the tool is a real process); the callers keep it short in tests.
@@ -46,6 +48,72 @@ export const MAX_ENV_ARGS_BYTES = 100 * 1024;
 
 /** Time allowed for the pipes to drain after the tool exited (a grandchild may hold them). */
 const DRAIN_AFTER_EXIT_MS = 200;
+
+/**
+ * The reaper: a shell process the agent starts with its first tool, in a process
+ * group of its own and deaf to terminal signals. The agent writes to its stdin
+ * `+<pgid>` when a tool starts and `-<pgid>` when it ends. At end of file (the agent
+ * is gone, however it ended: the kernel closes its pipe) the reaper sends SIGTERM to
+ * every group still listed, then SIGKILL after the grace, and exits.
+ *
+ * Written by hand: Node cannot set PR_SET_PDEATHSIG, which would reach only the
+ * tool and not its children, and no package does this. `/bin/sh` costs about a
+ * megabyte where a second Node process would cost forty.
+ */
+const REAPER_SCRIPT = `trap '' INT TERM HUP QUIT
+groups=''
+while read -r line; do
+  case "$line" in
+    +*) groups="$groups \${line#+}" ;;
+    -*) g=\${line#-}; rest=''
+        for x in $groups; do [ "$x" = "$g" ] || rest="$rest $x"; done
+        groups=$rest ;;
+  esac
+done
+[ -n "$groups" ] || exit 0
+for g in $groups; do kill -TERM "-$g" 2>/dev/null; done
+sleep "$1"
+for g in $groups; do kill -KILL "-$g" 2>/dev/null; done`;
+
+class Reaper {
+  private static current: Reaper | null = null;
+  private alive = true;
+
+  private constructor(private readonly stdin: NodeJS.WritableStream & { unref?(): void }) {}
+
+  /** This process's reaper, started on first use (again if it died). */
+  static get(killGraceMs: number): Reaper {
+    if (Reaper.current?.alive) return Reaper.current;
+    const child = spawn(
+      '/bin/sh',
+      ['-c', REAPER_SCRIPT, 'switchyard-reaper', String(killGraceMs / 1000)],
+      {
+        stdio: ['pipe', 'ignore', 'ignore'],
+        detached: true,
+      },
+    );
+    const reaper = new Reaper(child.stdin);
+    const dead = () => {
+      reaper.alive = false;
+    };
+    child.on('error', dead);
+    child.on('exit', dead);
+    child.stdin.on('error', dead);
+    // Neither the reaper nor its pipe keeps the agent running.
+    child.unref();
+    (child.stdin as unknown as { unref(): void }).unref();
+    Reaper.current = reaper;
+    return reaper;
+  }
+
+  watch(pgid: number): void {
+    if (this.alive) this.stdin.write(`+${pgid}\n`);
+  }
+
+  release(pgid: number): void {
+    if (this.alive) this.stdin.write(`-${pgid}\n`);
+  }
+}
 
 class BoundedBuffer {
   private chunks: Buffer[] = [];
@@ -103,6 +171,8 @@ export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
     stdio: ['pipe', 'pipe', 'pipe'],
     detached: true, // its own process group: signals reach the tool's children too
   });
+  const reaper = child.pid === undefined ? null : Reaper.get(opts.killGraceMs);
+  reaper?.watch(child.pid!);
   const stdout = new BoundedBuffer(opts.maxOutputBytes);
   const stderr = new BoundedBuffer(opts.maxOutputBytes);
   child.stdout.on('data', (d: Buffer) => stdout.push(d));
@@ -138,6 +208,7 @@ export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
 
   child.on('exit', (code, signal) => {
     exited = true;
+    reaper?.release(child.pid!);
     clearTimeout(timeoutTimer);
     const durationMs = elapsed();
     const report = () => {
