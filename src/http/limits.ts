@@ -375,6 +375,7 @@ export class Limits {
    */
   async window(key: string, limit: number, windowMs: number, message: string): Promise<void> {
     const ds = await this.acquire([{ kind: 'window', key, limit, windowMs }], 'other');
-    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, {}, message);
+    // The refusal's headers describe this window, not the route's limit the reply had.
+    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, managementHeaders(ds[0]!), message);
   }
 }

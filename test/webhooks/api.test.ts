@@ -174,10 +174,12 @@ describe('webhook API', () => {
     assert.equal(err(limited).code, 'rate_limit_exceeded');
     assert.ok(Number(limited.headers['retry-after']) > 0);
     assert.equal(typeof err(limited).retry_after, 'number');
-    // The headers still describe the project's management limit (60 a minute), not the
-    // hourly test budget; the inference-only headers are not sent here.
-    assert.equal(limited.headers['x-ratelimit-limit'], '60');
-    assert.ok(Number(limited.headers['x-ratelimit-remaining']) > 0);
+    // The headers describe the rule that refused (the hourly test budget), their reset
+    // equal to Retry-After; the inference-only headers are not sent here.
+    assert.equal(limited.headers['x-ratelimit-limit'], '10');
+    assert.equal(limited.headers['x-ratelimit-remaining'], '0');
+    assert.equal(limited.headers['x-ratelimit-reset'], limited.headers['retry-after']);
+    assert.equal(limited.headers['ratelimit-limit'], undefined);
     assert.equal(limited.headers['ratelimit-limit'], undefined);
     assert.equal(limited.headers['x-ratelimit-warning'], undefined);
     s.clock.advance(3600_000);
