@@ -15,7 +15,7 @@ const USAGE = `usage: switchyard admin [--url URL] [--token T] [--json] <resourc
   project list
   model create --name N --context-window W [--capability C ...] [--owned-by O]
   model list
-  worker add --model M --tier free|cpu|gpu|self_hosted --worker-url http://host:port/v1 [--id ID]
+  worker add --model M [--project P] --tier free|cpu|gpu|self_hosted --worker-url http://host:port/v1 [--id ID]
              [--scheduling-policy fcfs|priority]
   worker list
   worker remove ID
@@ -249,6 +249,7 @@ export async function admin(argv: string[]): Promise<number> {
       case 'worker add':
         result = await call(ctx, 'POST', '/workers', {
           model: need('model', o.model),
+          ...(o.project ? { project: o.project } : {}),
           tier: need('tier', o.tier),
           url: need('worker-url', o['worker-url']),
           ...(o.id ? { id: o.id } : {}),

@@ -63,6 +63,8 @@ Runs an inference worker speaking the OpenAI wire format on <host>:<port>/v1.
   --register ROUTER_URL     register with the router and send heartbeats
   --token T                 worker token (SWITCHYARD_WORKER_TOKEN)
   --tier TIER               free|cpu|gpu|self_hosted (cpu)
+  --project ID              the project whose own model --model names (needed
+                            only when several projects have a model of that name)
   --advertise-url URL/v1    the URL the router should use (default: the listen URL)
   --capacity N              requests at once the router may send
   sim only:
@@ -159,6 +161,7 @@ export async function worker(argv: string[]): Promise<number> {
         routerUrl: values.register,
         token: token!,
         model,
+        ...(values.project ? { project: values.project } : {}),
         tier: values.tier,
         url: (values['advertise-url'] ?? w.url).replace(/\/$/, ''),
         ...(capacity ? { capacity } : {}),
@@ -297,6 +300,7 @@ function parseWorkerArgs(argv: string[]) {
       register: { type: 'string' },
       token: { type: 'string' },
       tier: { type: 'string', default: 'cpu' },
+      project: { type: 'string' },
       'advertise-url': { type: 'string' },
       capacity: { type: 'string' },
       'scheduling-policy': { type: 'string', default: 'fcfs' },

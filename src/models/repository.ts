@@ -9,7 +9,7 @@
  * `model_capability_missing`.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, isNull, or } from 'drizzle-orm';
+import { and, asc, eq, isNull, or, sql } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
@@ -97,24 +97,43 @@ export class ModelRepository {
 
   /**
    * Live models: the platform's, plus one project's own when `projectId` is given
-   * (`null`: the platform's only; omitted: every live model, for the operator).
+   * (`null`: the platform's only; omitted: every live model, for the operator). A
+   * project's own model hides a platform model of the same name from it.
    */
   async list(projectId?: string | null): Promise<ModelRecord[]> {
-    return this.db
+    const rows = await this.db
       .select()
       .from(models)
       .where(and(isNull(models.deletedAt), visibleTo(projectId)))
       .orderBy(asc(models.createdAt), asc(models.name));
+    if (!projectId) return rows;
+    const own = new Set(rows.filter((m) => m.projectId !== null).map((m) => m.name));
+    return rows.filter((m) => m.projectId !== null || !own.has(m.name));
   }
 
-  /** A live model by name, if `projectId` (as for `list`) may see it. */
+  /**
+   * A live model by name, if `projectId` (as for `list`) may see it; the project's
+   * own before the platform's. Omitted `projectId`: any live model of that name
+   * (project models' names repeat across projects: see `named`).
+   */
   async findByName(name: string, projectId?: string | null): Promise<ModelRecord | null> {
     const rows = await this.db
       .select()
       .from(models)
       .where(and(eq(models.name, name), isNull(models.deletedAt), visibleTo(projectId)))
+      // `false` sorts first: the project's own row before the platform's.
+      .orderBy(sql`${models.projectId} is null`)
       .limit(1);
     return rows[0] ?? null;
+  }
+
+  /** Every live model of that name: the platform's first, then projects' own. */
+  async named(name: string): Promise<ModelRecord[]> {
+    return this.db
+      .select()
+      .from(models)
+      .where(and(eq(models.name, name), isNull(models.deletedAt)))
+      .orderBy(sql`${models.projectId} is not null`, asc(models.createdAt));
   }
 
   /** A project's change to its own model; null when it is gone. */

@@ -38,7 +38,7 @@ export async function ensureDemo(s: Services): Promise<DemoInfo> {
   }
 
   const model =
-    (await s.models.findByName(DEMO_MODEL)) ??
+    (await s.models.findByName(DEMO_MODEL, null)) ??
     (await s.models.create(
       {
         name: DEMO_MODEL,

@@ -38,11 +38,14 @@ import {
 } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
+import { workerModel } from './worker-model.js';
 import { TIER_IDS } from '../tiers/index.js';
 
 const registerBody = z
   .object({
     model: z.string().min(1).max(200),
+    /** The project whose own model `model` names (see worker-model.ts). */
+    project: z.string().min(1).max(200).optional(),
     tier: z.enum(TIER_IDS),
     url: z
       .url({ protocol: /^https?$/ })
@@ -87,13 +90,7 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
 
     app.post('/workers/register', async (request, reply) => {
       const body = parseBody(registerBody, request.body);
-      const model = await s.models.findByName(body.model);
-      if (!model) {
-        throw new ServiceError('model_not_found', {
-          message: `No model '${body.model}'; an operator creates it first.`,
-          param: 'model',
-        });
-      }
+      const model = await workerModel(s, body.model, body.project);
       const url = body.url.replace(/\/$/, '');
       let existing: WorkerRecord | null = null;
       if (body.id) {

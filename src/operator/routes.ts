@@ -21,6 +21,7 @@ import {
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS, type TierId } from '../tiers/index.js';
+import { workerModel } from './worker-model.js';
 
 const slug = z.string().regex(SLUG_PATTERN, 'must be lowercase letters, digits and dashes');
 /** `v1` would shadow the project-level routes (`/<project_id>/v1/...`). */
@@ -85,6 +86,8 @@ const patchProjectBody = z
 const createWorkerBody = z
   .object({
     model: z.string().min(1).max(MODEL_NAME_MAX),
+    /** The project whose own model `model` names (see worker-model.ts). */
+    project: z.string().min(1).max(200).optional(),
     tier: z.enum(TIER_IDS),
     url: workerUrl,
     scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
@@ -232,13 +235,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
     // Workers.
     app.post('/workers', async (request, reply) => {
       const body = parseBody(createWorkerBody, request.body);
-      const model = await s.models.findByName(body.model);
-      if (!model) {
-        throw new ServiceError('model_not_found', {
-          message: `No model '${body.model}'.`,
-          param: 'model',
-        });
-      }
+      const model = await workerModel(s, body.model, body.project);
       const id = body.id ?? newWorkerId();
       if (body.id && (await s.workers.get(body.id))) {
         throw new ServiceError('conflict', {

@@ -140,6 +140,14 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       async (request, reply) => {
         const key = writer(request);
         const body = parseBody(createModelBody, request.body);
+        // Names are unique within the project (its index) and may not take a platform
+        // model's (public anyway); other projects' names are not this one's business.
+        const taken = () =>
+          new ServiceError('conflict', {
+            message: `A model named '${body.id}' already exists.`,
+            param: 'id',
+          });
+        if (await s.models.findByName(body.id, null)) throw taken();
         const m = await s.models
           .create(
             {
@@ -152,11 +160,7 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
             new Date(s.clock.now()),
           )
           .catch((err: unknown) => {
-            if (!isUniqueViolation(err)) throw err;
-            throw new ServiceError('conflict', {
-              message: `A model named '${body.id}' already exists.`,
-              param: 'id',
-            });
+            throw isUniqueViolation(err) ? taken() : err;
           });
         return reply.code(201).send(projectModel(m));
       },

@@ -341,14 +341,18 @@ export class WorkerPool {
     if (q.length === 0) this.queues.delete(key);
   }
 
-  /** Requests waiting per (model, tier), for /metrics. */
+  /** Requests waiting per (model name, tier), for /metrics; same-named models add up. */
   queueDepths(): Array<{ model: string; tier: string; depth: number }> {
-    const out: Array<{ model: string; tier: string; depth: number }> = [];
-    for (const [key, q] of this.queues) {
-      const i = key.indexOf('\u0000');
-      out.push({ model: key.slice(0, i), tier: key.slice(i + 1), depth: q.length });
+    const out = new Map<string, { model: string; tier: string; depth: number }>();
+    for (const q of this.queues.values()) {
+      const w = q[0]?.candidates[0];
+      if (!w) continue;
+      const label = `${w.modelName}\u0000${w.tierId}`;
+      const entry = out.get(label);
+      if (entry) entry.depth += q.length;
+      else out.set(label, { model: w.modelName, tier: w.tierId, depth: q.length });
     }
-    return out;
+    return [...out.values()];
   }
 
   /** In-flight requests this router sends the worker at most (its capacity, if lower). */
@@ -445,7 +449,8 @@ export class WorkerPool {
   }
 }
 
-/** One wait queue per (model, tier): model names are unique, and readable as metric labels. */
-function queueKey(w: Pick<WorkerRecord, 'modelName' | 'tierId'>): string {
-  return `${w.modelName}\u0000${w.tierId}`;
+/** One wait queue per (model, tier). */
+function queueKey(w: Pick<WorkerRecord, 'modelId' | 'tierId'>): string {
+  // The model's id, not its name: two projects' own models may share a name.
+  return `${w.modelId}\u0000${w.tierId}`;
 }

@@ -71,10 +71,19 @@ export const models = pgTable(
     deletedAt: timestamp('deleted_at', { withTimezone: true, mode: 'date' }),
     createdAt: createdAt(),
   },
+  // Names are unique among the platform's live models and within each project's:
+  // two projects may both name a model `team/embedder` without learning of each
+  // other (a service-wide index answered one of them 409, telling it the other's
+  // name). A project model may not take a platform model's name (checked where
+  // it is created); a platform model created later under a project's name is
+  // hidden from that project, whose own keeps the name (ModelRepository).
   (t) => [
-    uniqueIndex('models_name_key')
+    uniqueIndex('models_platform_name_key')
       .on(t.name)
-      .where(sql`${t.deletedAt} is null`),
+      .where(sql`${t.projectId} is null and ${t.deletedAt} is null`),
+    uniqueIndex('models_project_name_key')
+      .on(t.projectId, t.name)
+      .where(sql`${t.projectId} is not null and ${t.deletedAt} is null`),
   ],
 );
 

@@ -22,6 +22,8 @@ export interface RegistrationOptions {
   routerUrl: string;
   token: string;
   model: string;
+  /** The project whose own model `model` names, when projects share the name. */
+  project?: string;
   tier: string;
   /** The worker's OpenAI base URL as the router reaches it, ending in `/v1`. */
   url: string;
@@ -115,6 +117,7 @@ export class WorkerRegistration {
   private async register(): Promise<void> {
     const res = await this.call('POST', '/admin/v1/workers/register', {
       model: this.o.model,
+      ...(this.o.project ? { project: this.o.project } : {}),
       tier: this.o.tier,
       url: this.o.url,
       ...(this.o.capacity ? { capacity: this.o.capacity } : {}),

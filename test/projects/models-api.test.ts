@@ -228,4 +228,85 @@ describe('Models API writes', () => {
     assert.equal(again.status, 201, again.text);
     assert.deepEqual(again.body.capabilities, []);
   });
+
+  it('two projects may name their own models alike: each sees and is served its own', async () => {
+    const mine = await call('POST', models(), { id: 'team/shared', context_window: 1024 });
+    assert.equal(mine.status, 201, mine.text);
+    // Another project's name is not this one's business: no 409 telling it apart.
+    const theirs = await call(
+      'POST',
+      `/${other.projectId}/v1/models`,
+      { id: 'team/shared', context_window: 2048 },
+      other.key,
+    );
+    assert.equal(theirs.status, 201, theirs.text);
+    const again = await call('POST', models(), { id: 'team/shared', context_window: 64 });
+    assert.equal(again.status, 409);
+    assert.equal(err(again).param, 'id');
+    assert.equal((await sdk.models.retrieve('team/shared')).owned_by, f.projectId);
+
+    // The operator's worker names the model with its project when the name repeats.
+    const worker = (body: Record<string, unknown>) => f.server.admin('POST', '/workers', body);
+    const base = { model: 'team/shared', tier: 'cpu', url: f.worker.url };
+    const ambiguous = await worker({ ...base, id: 'w-which' });
+    assert.equal(ambiguous.status, 400, ambiguous.text);
+    assert.equal(err(ambiguous).code, 'missing_required_parameter');
+    assert.equal(err(ambiguous).param, 'project');
+    const unknown = await worker({ ...base, project: 'nope', id: 'w-nope' });
+    assert.equal(err(unknown).code, 'project_not_found');
+    assert.equal(err(unknown).param, 'project');
+    assert.equal((await worker({ ...base, project: 'inf', id: 'w-inf' })).status, 201);
+    assert.equal((await worker({ ...base, project: 'other', id: 'w-other' })).status, 201);
+    const workers = await f.server.admin('GET', '/workers');
+    const modelOf = (id: string) =>
+      (workers.body.data as Array<{ id: string; model_id: string }>).find((w) => w.id === id)!
+        .model_id;
+    assert.notEqual(modelOf('w-inf'), modelOf('w-other'));
+
+    // Each project's endpoint on `team/shared` is served by its own model's worker.
+    await inferenceEndpoint(f, 'shared', 'team/shared');
+    const e = await f.server.admin('POST', '/projects/other/endpoints', {
+      slug: 'shared',
+      name: 'shared',
+      model: 'team/shared',
+      tier: 'cpu',
+    });
+    assert.equal(e.status, 201, e.text);
+    const served = async (projectId: string, key: string) => {
+      const r = await f.server.call('POST', `/${projectId}/shared/v1/chat/completions`, {
+        key,
+        body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
+      });
+      assert.equal(r.status, 200, r.text);
+      return r.headers['x-service-worker-id'];
+    };
+    assert.equal(await served(f.projectId, f.key), 'w-inf');
+    assert.equal(await served(other.projectId, other.key), 'w-other');
+
+    // A platform model created later under the name stays hidden from the projects
+    // that have their own; the others see it.
+    const platform = await f.server.admin('POST', '/models', {
+      name: 'team/shared',
+      context_window: 4096,
+    });
+    assert.equal(platform.status, 201, platform.text);
+    const listed = (await sdk.models.list()).data.filter((m) => m.id === 'team/shared');
+    assert.deepEqual(
+      listed.map((m) => m.owned_by),
+      [f.projectId],
+    );
+    const third = await seedProject(f.server, { slug: 'third' });
+    const seen = await call(
+      'GET',
+      `/${third.projectId}/v1/models/team/shared`,
+      undefined,
+      third.key,
+    );
+    assert.equal(seen.status, 200, seen.text);
+    assert.equal(seen.body.owned_by, 'switchyard');
+    // Without `project` the name now means the platform's model.
+    const plain = await worker({ ...base, url: `${f.worker.url}/`, id: 'w-platform' });
+    assert.equal(plain.status, 201, plain.text);
+    assert.equal(plain.body.model_id, platform.body.uuid);
+  });
 });

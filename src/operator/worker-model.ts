@@ -1,0 +1,41 @@
+/**
+ * The model a worker serves, named by the operator's `POST /workers` or by a
+ * worker registering itself. Model names are unique among the platform's models
+ * and within each project's own, so a name may belong to several projects:
+ * `project` (an id as in `/projects/{project}`) picks that project's own model,
+ * or the platform's if it has none of that name. Without `project` the name means
+ * the platform's model, else the one project model so named; when several
+ * projects have it, the request must say which (400 naming `project`).
+ */
+import { ServiceError } from '../errors/index.js';
+import type { ModelRecord } from '../models/repository.js';
+import type { Services } from '../runtime/services.js';
+
+export async function workerModel(
+  s: Services,
+  name: string,
+  projectRef: string | undefined,
+): Promise<ModelRecord> {
+  const notFound = () =>
+    new ServiceError('model_not_found', { message: `No model '${name}'.`, param: 'model' });
+  if (projectRef !== undefined) {
+    const p = await s.projects.find(projectRef);
+    if (!p) {
+      throw new ServiceError('project_not_found', {
+        message: `No project '${projectRef}'.`,
+        param: 'project',
+      });
+    }
+    const m = await s.models.findByName(name, p.id);
+    if (!m) throw notFound();
+    return m;
+  }
+  const named = await s.models.named(name);
+  const first = named[0];
+  if (!first) throw notFound();
+  if (first.projectId === null || named.length === 1) return first;
+  throw new ServiceError('missing_required_parameter', {
+    message: `${named.length} projects have a model named '${name}' and the platform has none: say which project's with 'project'.`,
+    param: 'project',
+  });
+}
