@@ -100,7 +100,14 @@ export class BatchService {
 
   async create(key: KeyRecord, endpoint: Endpoint, raw: unknown): Promise<BatchObject> {
     const body = parseField(createBody, raw);
-    const file = await this.files.get(key.projectId, body.input_file_id, 'input_file_id');
+    // Another endpoint's batch results are not found for a key bound elsewhere (not
+    // a 400 about their purpose, which would tell them apart from a missing file).
+    const file = await this.files.get(
+      key.projectId,
+      body.input_file_id,
+      'input_file_id',
+      key.endpointId,
+    );
     if (file.purpose !== 'batch') {
       throw new ServiceError('invalid_value', {
         message: `The input file has purpose '${file.purpose}'; a batch needs purpose 'batch'.`,

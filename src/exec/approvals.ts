@@ -73,6 +73,12 @@ const ROLES_FOR: Record<string, readonly string[]> = {
 };
 const DEFAULT_DECIDERS = ['owner', 'admin', 'approver'] as const;
 
+function notMember(): ServiceError {
+  return new ServiceError('insufficient_role', {
+    message: 'The user is not a member of this project.',
+  });
+}
+
 export function mayDecide(role: string | null, target: string): boolean {
   if (!role) return false;
   return (ROLES_FOR[target] ?? DEFAULT_DECIDERS).includes(role);
@@ -290,7 +296,9 @@ export class Approvals {
    * the user's role may not decide at the (current) stage, else `apply`. Its
    * `null` means the conditional close lost a race (another instance moved
    * the stage meanwhile): the decision reads the approval again and re-checks
-   * instead of answering 409 for an approval that is still pending. 404 first.
+   * instead of answering 409 for an approval that is still pending. 404 first,
+   * except to a user who is no member of the project: 403 before any lookup, so
+   * whatever the id, the answer tells such a user nothing about the approval.
    */
   private async decide<T>(
     projectId: string,
@@ -298,6 +306,7 @@ export class Approvals {
     user: UserRef,
     apply: (tx: Tx, a: ApprovalRow, now: Date) => Promise<T | null>,
   ): Promise<T> {
+    if (!user.role) throw notMember();
     const found = await this.row(projectId, id);
     for (let attempt = 0; attempt < 3; attempt++) {
       const now = new Date(this.ctx.clock.now());
@@ -320,9 +329,7 @@ export class Approvals {
           });
         case 'forbidden':
           throw new ServiceError('insufficient_role', {
-            message: user.role
-              ? `Role '${user.role}' may not decide at this stage (target '${out.target}').`
-              : 'The user is not a member of this project.',
+            message: `Role '${user.role}' may not decide at this stage (target '${out.target}').`,
           });
         case 'raced':
           continue;

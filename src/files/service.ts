@@ -199,10 +199,11 @@ export class FileService {
     if (visible) where.push(visible);
     if (q.purpose) where.push(eq(F.purpose, q.purpose));
     if (q.after) {
+      // A file the caller cannot see is an unknown cursor (as any other id).
       const [cursor] = await this.db
         .select({ seq: F.seq })
         .from(F)
-        .where(and(eq(F.id, q.after), eq(F.projectId, projectId)))
+        .where(fileOf(projectId, q.after, boundTo))
         .limit(1);
       if (!cursor) {
         throw new ServiceError('invalid_value', {

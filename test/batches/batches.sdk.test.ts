@@ -305,6 +305,19 @@ describe('batches with the OpenAI SDK', () => {
       assert.equal((await apiError(side.files.retrieve(id))).status, 404);
       assert.equal((await apiError(side.files.content(id))).status, 404);
       assert.equal((await apiError(side.files.delete(id))).status, 404);
+      // Nor used as a list cursor or a batch's input: answered as an unknown id.
+      const cursor = await apiError(side.files.list({ after: id }));
+      assert.equal(cursor.status, 400);
+      assert.equal(cursor.param, 'after');
+      const input = await apiError(
+        side.batches.create({
+          input_file_id: id,
+          endpoint: '/v1/chat/completions',
+          completion_window: '24h',
+        }),
+      );
+      assert.equal(input.status, 404);
+      assert.equal(input.code, 'file_not_found');
       // The unbound key that made the batch still has them.
       assert.equal((await f.client.files.retrieve(id)).id, id);
     }

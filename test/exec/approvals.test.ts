@@ -179,6 +179,7 @@ for (const driver of drivers()) {
       assert.equal(got.body.status, 'cancelled');
       assert.deepEqual((got.body.error as Record<string, unknown>).code, 'approval_rejected');
       expectError(await decide(app, 'approve', 'owner'), 409, 'approval_not_pending');
+      expectError(await decide(app, 'approve', 'outsider'), 403, 'insufficient_role');
     });
 
     it('decision bodies: an empty application/json body is {}; JSON that fails decoding is invalid_body', async () => {
@@ -214,6 +215,8 @@ for (const driver of drivers()) {
       );
       expectError(await decide(app, 'approve', 'viewer'), 403, 'insufficient_role');
       expectError(await decide(app, 'approve', 'outsider'), 403, 'insufficient_role');
+      // To a user of no role here the answer is the same whatever the id.
+      expectError(await decide('app_0123456789', 'reject', 'outsider'), 403, 'insufficient_role');
       expectError(await decide('app_0123456789', 'approve', 'owner'), 404, 'approval_not_found');
       expectError(await call('GET', '/approvals/app_0123456789'), 404, 'approval_not_found');
       expectError(await call('GET', '/approvals/nonsense'), 404, 'approval_not_found');
