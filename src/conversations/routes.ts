@@ -44,39 +44,43 @@ export function conversationRoutes(s: Services): FastifyPluginAsync {
     const svc = new ConversationService(s.store.db, s.clock, () => s.dispatcher.poke());
     for (const hook of surfaceAccess(s)) app.addHook('preParsing', hook);
     const id = (r: FastifyRequest) => (r.params as P).conversationId;
+    const scope = (r: FastifyRequest) => ({
+      projectId: projectOf(r),
+      boundTo: r.apiKey!.endpointId,
+    });
 
     for (const root of ['/:projectId/:endpointSlug/v1', '/:projectId/v1']) {
       const base = `${root}/conversations`;
       app.post(base, async (r) => {
         const body = parseField(createBody, r.body ?? {});
-        return svc.create(projectOf(r), {
+        return svc.create(projectOf(r), r.surfaceEndpoint?.id ?? null, {
           items: items(body.items),
           metadata: body.metadata ?? {},
         });
       });
       app.get(`${base}/:conversationId`, async (r) => {
-        const c = await svc.get(projectOf(r), id(r));
+        const c = await svc.get(scope(r), id(r));
         if (!c) throw notFound(id(r));
         return c;
       });
       app.post(`${base}/:conversationId`, async (r) => {
         const body = parseField(updateBody, r.body);
-        return svc.update(projectOf(r), id(r), body.metadata);
+        return svc.update(scope(r), id(r), body.metadata);
       });
-      app.delete(`${base}/:conversationId`, async (r) => svc.remove(projectOf(r), id(r)));
+      app.delete(`${base}/:conversationId`, async (r) => svc.remove(scope(r), id(r)));
       app.get<{ Querystring: Q }>(`${base}/:conversationId/items`, async (r) =>
-        svc.items(projectOf(r), id(r), listQuery(r.query)),
+        svc.items(scope(r), id(r), listQuery(r.query)),
       );
       app.post(`${base}/:conversationId/items`, async (r) => {
         const body = parseField(itemsBody, r.body);
-        const added = await svc.append(projectOf(r), id(r), items(body.items));
+        const added = await svc.append(scope(r), id(r), items(body.items));
         return listPage(added, added.length);
       });
       app.get(`${base}/:conversationId/items/:itemId`, async (r) =>
-        svc.item(projectOf(r), id(r), (r.params as P).itemId),
+        svc.item(scope(r), id(r), (r.params as P).itemId),
       );
       app.delete(`${base}/:conversationId/items/:itemId`, async (r) =>
-        svc.removeItem(projectOf(r), id(r), (r.params as P).itemId),
+        svc.removeItem(scope(r), id(r), (r.params as P).itemId),
       );
     }
   };

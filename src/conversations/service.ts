@@ -4,6 +4,11 @@
  * outputs), in order. `conversation.created` and `conversation.deleted` events are
  * written in the same transaction as the change. Deleting a conversation hides it
  * and drops its items.
+ *
+ * A conversation belongs to the endpoint under whose path it was made (none when made
+ * under the project alias): a key bound to an endpoint sees only its endpoint's, as
+ * with responses and batches, so a turn made through another endpoint never reaches
+ * it through a shared conversation. An unbound key sees them all.
  */
 import { randomBytes } from 'node:crypto';
 import { and, asc, desc, eq, gt, isNull, lt } from 'drizzle-orm';
@@ -17,6 +22,22 @@ import { tables } from '../store/index.js';
 const { conversations, conversationItems } = tables;
 
 export type Item = Record<string, unknown> & { id: string };
+
+/** Whose conversations: a project's, and the endpoint a bound key is bound to (null: all). */
+export interface ConversationScope {
+  projectId: string;
+  boundTo: string | null;
+}
+
+/** The live conversation `id` as `scope` sees it. */
+function conversationOf(scope: ConversationScope, id: string) {
+  return and(
+    eq(conversations.id, id),
+    eq(conversations.projectId, scope.projectId),
+    isNull(conversations.deletedAt),
+    scope.boundTo === null ? undefined : eq(conversations.endpointId, scope.boundTo),
+  );
+}
 
 export interface ConversationObject {
   id: string;
@@ -52,23 +73,15 @@ export class ConversationService {
     return new Date(this.clock.now());
   }
 
-  private async row(tx: Tx, projectId: string, id: string) {
-    const rows = await tx
-      .select()
-      .from(conversations)
-      .where(
-        and(
-          eq(conversations.id, id),
-          eq(conversations.projectId, projectId),
-          isNull(conversations.deletedAt),
-        ),
-      )
-      .limit(1);
+  private async row(tx: Tx, scope: ConversationScope, id: string) {
+    const rows = await tx.select().from(conversations).where(conversationOf(scope, id)).limit(1);
     return rows[0] ?? null;
   }
 
+  /** `endpointId`: the endpoint under whose path it is made (null: the project alias). */
   async create(
     projectId: string,
+    endpointId: string | null,
     input: { items: Item[]; metadata: Record<string, string> },
   ): Promise<ConversationObject> {
     const now = this.now();
@@ -76,7 +89,7 @@ export class ConversationService {
     const conv = await this.db.transaction(async (tx) => {
       const [row] = await tx
         .insert(conversations)
-        .values({ id, projectId, metadata: input.metadata, createdAt: now })
+        .values({ id, projectId, endpointId, metadata: input.metadata, createdAt: now })
         .returning();
       await this.insertItems(tx, id, input.items, now);
       const obj = toObject(row!);
@@ -87,49 +100,43 @@ export class ConversationService {
     return conv;
   }
 
-  async get(projectId: string, id: string): Promise<ConversationObject | null> {
-    const row = await this.row(this.db, projectId, id);
+  async get(scope: ConversationScope, id: string): Promise<ConversationObject | null> {
+    const row = await this.row(this.db, scope, id);
     return row ? toObject(row) : null;
   }
 
   async update(
-    projectId: string,
+    scope: ConversationScope,
     id: string,
     metadata: Record<string, string>,
   ): Promise<ConversationObject> {
     const rows = await this.db
       .update(conversations)
       .set({ metadata })
-      .where(
-        and(
-          eq(conversations.id, id),
-          eq(conversations.projectId, projectId),
-          isNull(conversations.deletedAt),
-        ),
-      )
+      .where(conversationOf(scope, id))
       .returning();
     if (!rows[0]) throw notFound(id);
     return toObject(rows[0]);
   }
 
-  async remove(projectId: string, id: string) {
+  async remove(scope: ConversationScope, id: string) {
     const now = this.now();
     const answer = await this.db.transaction(async (tx) => {
       const rows = await tx
         .update(conversations)
         .set({ deletedAt: now })
-        .where(
-          and(
-            eq(conversations.id, id),
-            eq(conversations.projectId, projectId),
-            isNull(conversations.deletedAt),
-          ),
-        )
+        .where(conversationOf(scope, id))
         .returning({ id: conversations.id });
       if (!rows[0]) throw notFound(id);
       await tx.delete(conversationItems).where(eq(conversationItems.conversationId, id));
       const deleted = { id, object: 'conversation.deleted' as const, deleted: true };
-      await emitEvent(tx, { projectId, type: 'conversation.deleted', data: deleted, now });
+      await emitEvent(tx, {
+        projectId: scope.projectId,
+        type: 'conversation.deleted',
+        data: deleted,
+        now,
+      });
+
       return deleted;
     });
     this.poke();
@@ -145,9 +152,9 @@ export class ConversationService {
   }
 
   /** Appends items (in `tx` when given: the Responses API adds a response's turn). */
-  async append(projectId: string, id: string, items: Item[], tx?: Tx): Promise<Item[]> {
+  async append(scope: ConversationScope, id: string, items: Item[], tx?: Tx): Promise<Item[]> {
     const run = async (t: Tx) => {
-      if (!(await this.row(t, projectId, id))) throw notFound(id);
+      if (!(await this.row(t, scope, id))) throw notFound(id);
       await this.insertItems(t, id, items, this.now());
       return items;
     };
@@ -155,8 +162,8 @@ export class ConversationService {
   }
 
   /** Every item in order (the history a response continues). */
-  async allItems(projectId: string, id: string): Promise<Item[] | null> {
-    if (!(await this.row(this.db, projectId, id))) return null;
+  async allItems(scope: ConversationScope, id: string): Promise<Item[] | null> {
+    if (!(await this.row(this.db, scope, id))) return null;
     const rows = await this.db
       .select({ item: conversationItems.item })
       .from(conversationItems)
@@ -166,11 +173,11 @@ export class ConversationService {
   }
 
   async items(
-    projectId: string,
+    scope: ConversationScope,
     id: string,
     q: { limit: number; order: 'asc' | 'desc'; after: string | undefined },
   ) {
-    if (!(await this.row(this.db, projectId, id))) throw notFound(id);
+    if (!(await this.row(this.db, scope, id))) throw notFound(id);
     let cursor: number | null = null;
     if (q.after !== undefined) {
       const at = await this.db
@@ -208,8 +215,8 @@ export class ConversationService {
     );
   }
 
-  async item(projectId: string, id: string, itemId: string): Promise<Item> {
-    if (!(await this.row(this.db, projectId, id))) throw notFound(id);
+  async item(scope: ConversationScope, id: string, itemId: string): Promise<Item> {
+    if (!(await this.row(this.db, scope, id))) throw notFound(id);
     const rows = await this.db
       .select({ item: conversationItems.item })
       .from(conversationItems)
@@ -223,8 +230,12 @@ export class ConversationService {
     return rows[0].item as Item;
   }
 
-  async removeItem(projectId: string, id: string, itemId: string): Promise<ConversationObject> {
-    const row = await this.row(this.db, projectId, id);
+  async removeItem(
+    scope: ConversationScope,
+    id: string,
+    itemId: string,
+  ): Promise<ConversationObject> {
+    const row = await this.row(this.db, scope, id);
     if (!row) throw notFound(id);
     const gone = await this.db
       .delete(conversationItems)

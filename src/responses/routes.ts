@@ -180,7 +180,10 @@ class ResponsesApi {
       history = prev.messages;
     }
     if (r.conversationId !== null) {
-      const items = await this.conversations.allItems(key.projectId, r.conversationId);
+      const items = await this.conversations.allItems(
+        { projectId: key.projectId, boundTo: key.endpointId },
+        r.conversationId,
+      );
       if (!items) {
         throw new ServiceError('invalid_value', {
           message: `Conversation with id '${r.conversationId}' not found.`,
@@ -356,7 +359,7 @@ class ResponsesApi {
       if (r.conversationId !== null && status !== 'failed') {
         // The turn joins the conversation: what was said, then what the model answered.
         await this.conversations.append(
-          key.projectId,
+          { projectId: key.projectId, boundTo: key.endpointId },
           r.conversationId,
           [...stored, ...(output as Item[])],
           tx,

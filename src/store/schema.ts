@@ -973,6 +973,11 @@ export const conversations = pgTable(
     projectId: uuid('project_id')
       .notNull()
       .references(() => projects.id),
+    /**
+     * The endpoint under whose path it was made (null: the project alias); a key
+     * bound to an endpoint sees only that endpoint's (conversations/service.ts).
+     */
+    endpointId: uuid('endpoint_id').references(() => endpoints.id),
     metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
     createdAt: createdAt(),
     deletedAt: timestamp('deleted_at', { withTimezone: true, mode: 'date' }),

@@ -6,7 +6,11 @@ import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import {
+  inferenceEndpoint,
+  inferenceFixture,
+  type InferenceFixture,
+} from '../support/inference.js';
 import { seedProject } from '../support/harness.js';
 
 describe('Conversations API', () => {
@@ -146,6 +150,71 @@ describe('Conversations API', () => {
       (e: unknown) => e,
     );
     assert.ok(err instanceof OpenAI.NotFoundError);
+  });
+
+  it("a key bound to an endpoint sees only its endpoint's conversations", async () => {
+    const bound = async (slug: string) => {
+      const endpointId = await inferenceEndpoint(f, slug);
+      const k = await f.server.admin('POST', '/projects/inf/keys', {
+        scopes: ['inference'],
+        endpointId,
+      });
+      assert.equal(k.status, 201, k.text);
+      return new OpenAI({
+        baseURL: `${f.server.url}/${f.projectId}/${slug}/v1`,
+        apiKey: String(k.body.key),
+        maxRetries: 0,
+      });
+    };
+    const one = await bound('conv-one');
+    const two = await bound('conv-two');
+    // A turn made through endpoint two, in a conversation made there.
+    const conv = await two.conversations.create({});
+    const turn = await two.responses.create({
+      model: 'x',
+      input: 'two-only words',
+      conversation: conv.id,
+      max_output_tokens: 16,
+    });
+    assert.notEqual(turn.status, 'failed');
+    assert.equal((await two.conversations.items.list(conv.id)).data.length, 2);
+    // Endpoint one's key finds nothing, whichever way it asks.
+    const missing = async (p: Promise<unknown>) => {
+      const e = await p.then(
+        () => null,
+        (x: unknown) => x,
+      );
+      assert.ok(e instanceof OpenAI.NotFoundError, String(e));
+    };
+    await missing(one.conversations.retrieve(conv.id));
+    await missing(one.conversations.items.list(conv.id));
+    await missing(one.conversations.update(conv.id, { metadata: { k: 'v' } }));
+    await missing(
+      one.conversations.items.create(conv.id, { items: [{ role: 'user', content: 'x' }] }),
+    );
+    await missing(one.conversations.delete(conv.id));
+    const reuse = await one.responses
+      .create({ model: 'x', input: 'hi', conversation: conv.id, max_output_tokens: 16 })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(reuse instanceof OpenAI.BadRequestError);
+    assert.equal(reuse.param, 'conversation');
+    // Its own conversations it uses; the unbound key sees both endpoints'.
+    const mine = await one.conversations.create({ metadata: { by: 'one' } });
+    assert.deepEqual((await one.conversations.retrieve(mine.id)).metadata, { by: 'one' });
+    await missing(two.conversations.retrieve(mine.id));
+    assert.equal((await f.client.conversations.items.list(conv.id)).data.length, 2);
+    assert.equal((await f.client.conversations.retrieve(mine.id)).id, mine.id);
+    // One made under the project alias (unbound keys only) is no bound key's.
+    const alias = await new OpenAI({
+      baseURL: `${f.server.url}/${f.projectId}/v1`,
+      apiKey: f.key,
+      maxRetries: 0,
+    }).conversations.create({});
+    await missing(one.conversations.retrieve(alias.id));
+    assert.equal((await f.client.conversations.retrieve(alias.id)).id, alias.id);
   });
 
   it('responses in a conversation: the history reaches the worker, each turn is added', async () => {
