@@ -26,6 +26,8 @@ main(process.argv.slice(2)).then(
   },
   (err) => {
     console.error(err instanceof Error ? err.message : err);
-    process.exitCode = 1;
+    // Exit now: a failure after start-up opened the database, Redis or timers would
+    // leave a process that holds them and never listens (nor ends) otherwise.
+    process.exit(1);
   },
 );

@@ -4,6 +4,8 @@
  * else reads `process.env`.
  */
 import { resolve } from 'node:path';
+import proxyAddr from '@fastify/proxy-addr';
+import { createAddressPolicy } from '../webhooks/ssrf.js';
 
 export type Environment = 'development' | 'production';
 
@@ -145,6 +147,41 @@ function nonEmpty(raw: string | undefined): string | undefined {
   return raw === undefined || raw === '' ? undefined : raw;
 }
 
+/** One of `allowed` (the first when unset): a typo stops start-up, never picks a default. */
+function oneOf<T extends string>(name: string, raw: string | undefined, allowed: readonly T[]): T {
+  if (raw === undefined || raw === '') return allowed[0]!;
+  if ((allowed as readonly string[]).includes(raw)) return raw as T;
+  throw new ConfigError(`${name} must be ${allowed.join(' or ')}, got ${JSON.stringify(raw)}`);
+}
+
+/** A URL with one of `protocols` (e.g. `postgres:`), else a ConfigError naming the setting. */
+function url(name: string, raw: string | undefined, protocols: readonly string[]) {
+  const v = nonEmpty(raw);
+  if (v === undefined) return undefined;
+  let u: URL;
+  try {
+    u = new URL(v);
+  } catch {
+    throw new ConfigError(`${name} is not a URL`);
+  }
+  if (!protocols.includes(u.protocol)) {
+    throw new ConfigError(`${name} must be a ${protocols.join(' or ')} URL, got ${u.protocol}`);
+  }
+  return v;
+}
+
+/** `check` throws on a bad value: its message, prefixed with the setting's name. */
+function checked<T>(name: string, value: T, check: (v: T) => unknown): T {
+  try {
+    check(value);
+  } catch (err) {
+    throw new ConfigError(`${name}: ${err instanceof Error ? err.message : String(err)}`);
+  }
+  return value;
+}
+
+const LOG_LEVELS = ['info', 'fatal', 'error', 'warn', 'debug', 'trace', 'silent'] as const;
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const port = int(env, 'PORT', 8080);
   const host = env.HOST || '127.0.0.1';
@@ -167,18 +204,26 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     env: rawEnv,
     dataDir: resolve(env.SWITCHYARD_DATA_DIR || './data'),
     pgliteTemplate: nonEmpty(env.SWITCHYARD_PGLITE_TEMPLATE),
-    databaseUrl: nonEmpty(env.DATABASE_URL),
-    redisUrl: nonEmpty(env.REDIS_URL),
+    databaseUrl: url('DATABASE_URL', env.DATABASE_URL, ['postgres:', 'postgresql:']),
+    redisUrl: url('REDIS_URL', env.REDIS_URL, ['redis:', 'rediss:']),
     adminToken: nonEmpty(env.SWITCHYARD_ADMIN_TOKEN),
     secretKey: nonEmpty(env.SWITCHYARD_SECRET_KEY),
     idps: nonEmpty(env.SWITCHYARD_IDPS),
     routerUrl: nonEmpty(env.SWITCHYARD_ROUTER_URL)?.replace(/\/+$/, ''),
     demo: env.SWITCHYARD_DEMO !== '0',
-    demoEngine: env.SWITCHYARD_DEMO_ENGINE === 'sim' ? 'sim' : 'llama',
-    trustedProxies: list(env.SWITCHYARD_TRUSTED_PROXIES),
-    webhookAllowCidrs: list(env.SWITCHYARD_WEBHOOK_ALLOW_CIDRS),
+    demoEngine: oneOf('SWITCHYARD_DEMO_ENGINE', env.SWITCHYARD_DEMO_ENGINE, ['llama', 'sim']),
+    trustedProxies: checked(
+      'SWITCHYARD_TRUSTED_PROXIES',
+      list(env.SWITCHYARD_TRUSTED_PROXIES),
+      (v) => proxyAddr.compile(v),
+    ),
+    webhookAllowCidrs: checked(
+      'SWITCHYARD_WEBHOOK_ALLOW_CIDRS',
+      list(env.SWITCHYARD_WEBHOOK_ALLOW_CIDRS),
+      (v) => createAddressPolicy({ allowCidrs: v }),
+    ),
     webhookCaFile: nonEmpty(env.SWITCHYARD_WEBHOOK_CA_FILE),
-    logLevel: env.LOG_LEVEL || 'info',
+    logLevel: oneOf('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
     keyCacheSize: int(env, 'SWITCHYARD_KEY_CACHE_SIZE', 10_000, 1),
     keyCacheTtlMs: int(env, 'SWITCHYARD_KEY_CACHE_TTL_MS', 1_000, 0),
     usageFlushMs: int(env, 'SWITCHYARD_USAGE_FLUSH_MS', 100, 1),
@@ -202,9 +247,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     tlsKeyFile: nonEmpty(env.SWITCHYARD_TLS_KEY_FILE),
     drainMs: int(env, 'SWITCHYARD_DRAIN_MS', 30_000, 0),
     memoryTrimMs: int(env, 'SWITCHYARD_MEMORY_TRIM_MS', 5_000, 0),
-    otlpEndpoint: otlpEndpointFromEnv(env),
+    otlpEndpoint: url(
+      'The OTLP endpoint (SWITCHYARD_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_*)',
+      otlpEndpointFromEnv(env),
+      ['http:', 'https:'],
+    ),
     otelServiceName: env.OTEL_SERVICE_NAME || 'switchyard',
-    limitsFailClosed: env.SWITCHYARD_LIMITS_FAIL === 'closed',
+    limitsFailClosed:
+      oneOf('SWITCHYARD_LIMITS_FAIL', env.SWITCHYARD_LIMITS_FAIL, ['open', 'closed']) === 'closed',
     webhookRetryDelaysMs: env.SWITCHYARD_WEBHOOK_RETRY_DELAYS_MS
       ? list(env.SWITCHYARD_WEBHOOK_RETRY_DELAYS_MS).map((v) => {
           const n = Number(v);

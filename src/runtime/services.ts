@@ -22,7 +22,7 @@ import {
 import { MemoryLimiter, RedisLimiter, type LimiterBackend } from '../limits/index.js';
 import { UsageRecorder } from '../billing/usage-recorder.js';
 import { StoredCompletions } from '../completions/service.js';
-import type { Config } from '../config/index.js';
+import { ConfigError, type Config } from '../config/index.js';
 import { EndpointRepository, type Endpoint } from '../endpoints/repository.js';
 import { UpstreamClient } from '../inference/upstream.js';
 import { AdminAuth } from '../http/admin-auth.js';
@@ -172,7 +172,7 @@ export async function createServices(
     new HttpSender(
       createGuardedAgent({
         policy: webhookPolicy,
-        ...(config.webhookCaFile ? { ca: readFileSync(config.webhookCaFile) } : {}),
+        ...(config.webhookCaFile ? { ca: readWebhookCa(config.webhookCaFile) } : {}),
         ...(deps.webhookResolver ? { resolver: deps.webhookResolver } : {}),
       }),
     );
@@ -325,4 +325,12 @@ export async function createServices(
       await tracing?.shutdown();
     },
   };
+}
+
+function readWebhookCa(file: string): Buffer {
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw new ConfigError(`SWITCHYARD_WEBHOOK_CA_FILE: ${(err as Error).message}`);
+  }
 }

@@ -88,6 +88,23 @@ describe('HTTPS and production mode', () => {
     assert.equal((await http('GET', `${url}/healthz`)).status, 200);
   });
 
+  it('a bad setting found after storage opened exits 1 naming it (no process left without a listener); typos are refused', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    for (const [env, message] of [
+      // Read once the database is open: the process used to print this and hang.
+      [{ SWITCHYARD_SECRET_KEY: 'abc' }, /SWITCHYARD_SECRET_KEY must be 32 bytes/],
+      // A fail-closed deployment with a typo used to fail open.
+      [{ SWITCHYARD_LIMITS_FAIL: 'close' }, /SWITCHYARD_LIMITS_FAIL must be open or closed/],
+      [{ REDIS_URL: 'http://cache' }, /REDIS_URL must be a redis: or rediss: URL/],
+      [{ SWITCHYARD_TRUSTED_PROXIES: 'notacidr' }, /SWITCHYARD_TRUSTED_PROXIES: invalid IP/],
+    ] as const) {
+      const p = serveThatFails({ PORT: '0', SWITCHYARD_DATA_DIR: dir, ...env });
+      assert.equal(await exitCode(p), 1, p.stderr());
+      assert.match(p.stderr(), message);
+    }
+  });
+
   it('one process per embedded database: a second serve on the same data directory exits 1', async () => {
     const dir = tmp();
     dirs.push(dir);

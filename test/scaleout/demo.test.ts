@@ -10,7 +10,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import { ensureDemo } from '../../src/operator/bootstrap.js';
+import { freshDatabase, http, startTestServer, type TestDatabase } from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 
 const dbUrl = process.env.TEST_DATABASE_URL;
@@ -90,6 +91,37 @@ describe(
       const aId = both.find((id) => !left.includes(id));
       assert.ok(aId, `A's row is gone: ${JSON.stringify({ both, left })}`);
       assert.ok(bId.includes(both.find((id) => id !== aId)!));
+    });
+  },
+);
+
+describe(
+  'the demo made by instances starting together on an empty database',
+  { skip: dbUrl ? false : 'needs PostgreSQL' },
+  () => {
+    it('each finds or makes the same records, no error; one demo key in all', async () => {
+      for (let round = 0; round < 2; round++) {
+        const db = await freshDatabase('postgres');
+        await db.store.close();
+        const servers = await Promise.all(
+          [0, 1, 2].map(() => startTestServer({ shared: { url: db.url! } })),
+        );
+        try {
+          const demos = await Promise.all(servers.map((s) => ensureDemo(s.services)));
+          assert.equal(new Set(demos.map((d) => d.project.id)).size, 1);
+          assert.equal(new Set(demos.map((d) => d.endpoint.id)).size, 1);
+          assert.equal(demos.filter((d) => d.key !== null).length, 1);
+          const keys = await servers[0]!.services.keys.list(demos[0]!.project.id);
+          assert.equal(keys.length, 1);
+          // A later start finds them and mints nothing.
+          const again = await ensureDemo(servers[1]!.services);
+          assert.equal(again.key, null);
+          assert.equal(again.endpoint.id, demos[0]!.endpoint.id);
+        } finally {
+          for (const s of servers) await s.close();
+          await db.drop();
+        }
+      }
     });
   },
 );
