@@ -165,9 +165,15 @@ export async function serve(argv: string[]): Promise<number> {
   // Batches run where webhooks are delivered: background work off the API's path.
   if (roles.has('dispatcher')) {
     const { BatchRunner } = await import('../batches/runner.js');
-    const runner = new BatchRunner(services, app);
+    // The runner sends each line through the API's own routes, in process: without
+    // the api role, this instance builds them for the runner alone (never listened on).
+    const api = roles.has('api') ? app : await buildApp(services, { dashboard: false });
+    const runner = new BatchRunner(services, api);
     runner.start();
-    closers.push(() => runner.stop());
+    closers.push(async () => {
+      await runner.stop();
+      if (api !== app) await api.close();
+    });
   }
 
   // ---- exec broker (role `broker`): the execution surface's ZeroMQ transport ----

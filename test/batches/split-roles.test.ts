@@ -1,0 +1,104 @@
+/**
+ * Batches with the roles on different processes (issue 8, "Roles and scale-out"):
+ * `switchyard serve --roles api` takes the batch and `switchyard serve --roles
+ * dispatcher` runs it. The runner sends each line through the API's routes in its
+ * own process, which a dispatcher without the api role used to lack: every line
+ * failed 404 and the batch still ended `completed`.
+ *
+ * Needs PostgreSQL (TEST_DATABASE_URL); runs the built binary (`npm run build` first).
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { after, before, describe, it } from 'node:test';
+import OpenAI, { toFile } from 'openai';
+import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { chatLine } from './support.js';
+
+const dbUrl = process.env.TEST_DATABASE_URL;
+if (process.env.CI === 'true' && !dbUrl) throw new Error('CI=true needs TEST_DATABASE_URL');
+
+describe(
+  'a batch taken by an api instance, run by a dispatcher instance',
+  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 90_000 },
+  () => {
+    const dir = mkdtempSync(join(tmpdir(), 'swy-batch-split-'));
+    const children: Spawned[] = [];
+    let db: TestDatabase;
+    let worker: SimWorker;
+    let base = '';
+
+    const serve = (name: string, roles: string) => {
+      const p = spawnSwitchyard(['serve', '--roles', roles], {
+        DATABASE_URL: db.url!,
+        SWITCHYARD_DATA_DIR: join(dir, name),
+        PORT: '0',
+        SWITCHYARD_DEMO: '0',
+        LOG_LEVEL: 'warn',
+        SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
+      });
+      children.push(p);
+      return p;
+    };
+    const admin = async (path: string, body: unknown) => {
+      const r = await http('POST', `${base}/admin/v1${path}`, {
+        auth: `Bearer ${ADMIN_TOKEN}`,
+        body,
+      });
+      assert.ok(r.status === 200 || r.status === 201, r.text);
+      return r.body;
+    };
+
+    before(async () => {
+      db = await freshDatabase('postgres');
+      await db.store.close();
+      worker = await startSimWorker({ model: 'sim-model', contextWindow: 4096 });
+      base = (await serve('api', 'api').waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
+      await serve('dispatcher', 'dispatcher').waitFor(/Switchyard listening on/);
+    });
+    after(async () => {
+      for (const c of children) await c.stop('SIGKILL');
+      await worker?.close();
+      await db?.drop();
+      rmSync(dir, { recursive: true, force: true });
+    });
+
+    it('every line runs and succeeds', async () => {
+      await admin('/models', { name: 'sim-model', context_window: 4096 });
+      await admin('/workers', { model: 'sim-model', tier: 'cpu', url: worker.url });
+      const project = await admin('/projects', { slug: 'split', name: 'Split' });
+      await admin('/projects/split/endpoints', {
+        slug: 'chat',
+        name: 'Chat',
+        model: 'sim-model',
+        tier: 'cpu',
+      });
+      const key = await admin('/projects/split/keys', { scopes: ['inference'] });
+      const client = new OpenAI({
+        baseURL: `${base}/${String(project.id)}/chat/v1`,
+        apiKey: String(key.key),
+        maxRetries: 0,
+      });
+      const file = await client.files.create({
+        file: await toFile(Buffer.from(`${chatLine('a')}\n${chatLine('b')}\n`), 'in.jsonl'),
+        purpose: 'batch',
+      });
+      const batch = await client.batches.create({
+        input_file_id: file.id,
+        endpoint: '/v1/chat/completions',
+        completion_window: '24h',
+      });
+      let done = batch;
+      for (let i = 0; i < 50 && done.status !== 'completed' && done.status !== 'failed'; i++) {
+        await sleep(500);
+        done = await client.batches.retrieve(batch.id);
+      }
+      assert.equal(done.status, 'completed');
+      assert.deepEqual(done.request_counts, { total: 2, completed: 2, failed: 0 });
+    });
+  },
+);
