@@ -272,6 +272,11 @@ export async function serve(argv: string[]): Promise<number> {
     // Stop taking work: the listener closes (new connections are refused, requests
     // on kept-alive connections get 503), webhook leases in flight finish and record.
     const closed = app.close();
+    // close() ends the connections idle at that moment; one whose request finishes
+    // during the drain stays open for the client's next request (keep-alive, 72 s),
+    // and the listener would not close until the deadline: end those as they go idle.
+    const idle = setInterval(() => app.server.closeIdleConnections(), 100);
+    void closed.finally(() => clearInterval(idle));
     const dispatcherStopped = services.dispatcher.stop();
     // In-flight requests and streams get the drain period; streams still open
     // then end with the `cancelled` SSE error, and lingering sockets are closed.

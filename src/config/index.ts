@@ -73,6 +73,8 @@ export interface Config {
   workerFailedChecks: number;
   /** Largest accepted request body (413 `payload_too_large` above it). */
   maxBodyBytes: number;
+  /** Time a client has to send a whole request, headers and body (408 after it). */
+  requestTimeoutMs: number;
   /** Largest file (Files API upload, or the sum of an upload's parts). */
   maxFileBytes: number;
   /** Largest part of a multipart upload (Uploads API). */
@@ -240,6 +242,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     workerExpireMs: int(env, 'SWITCHYARD_WORKER_EXPIRE_MS', 60_000, 1_000),
     workerFailedChecks: int(env, 'SWITCHYARD_WORKER_FAILED_CHECKS', 3, 1),
     maxBodyBytes: int(env, 'SWITCHYARD_MAX_BODY_BYTES', 4 * 1024 * 1024, 1024),
+    requestTimeoutMs: int(env, 'SWITCHYARD_REQUEST_TIMEOUT_MS', 300_000, 1_000),
     maxFileBytes: int(env, 'SWITCHYARD_MAX_FILE_BYTES', 100 * 1024 * 1024, 1),
     maxUploadPartBytes: int(env, 'SWITCHYARD_MAX_UPLOAD_PART_BYTES', 64 * 1024 * 1024, 1),
     batchConcurrency: int(env, 'SWITCHYARD_BATCH_CONCURRENCY', 4, 1),

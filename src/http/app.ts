@@ -95,7 +95,7 @@ function forwardedProtocol(
  * sees it, so Fastify's default would answer in its own shape. Ours, as everywhere:
  * the spec's envelope and an X-Request-ID. The connection is closed after it.
  */
-function clientError(this: FastifyInstance, err: Error & { code?: string }, socket: Duplex): void {
+function clientError(production: boolean, err: Error & { code?: string }, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   const error =
     err.code === 'HPE_HEADER_OVERFLOW'
@@ -109,17 +109,19 @@ function clientError(this: FastifyInstance, err: Error & { code?: string }, sock
         : new ServiceError('malformed_request', {
             message: `The HTTP request is malformed (${err.code ?? 'parse error'}).`,
           });
-  closeWithError(socket, error);
+  closeWithError(socket, error, production);
   socket.destroy(err);
 }
 
 /** Writes `error` as a whole HTTP/1.1 response on a raw socket and closes it. */
-function closeWithError(socket: Duplex, error: ServiceError): void {
+function closeWithError(socket: Duplex, error: ServiceError, production: boolean): void {
   const body = JSON.stringify(error.toEnvelope());
   if (socket.writable) {
     socket.end(
       `HTTP/1.1 ${error.status} ${STATUS_CODES[error.status]}\r\n` +
         `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+        // Every production response carries HSTS, these included.
+        (production ? `Strict-Transport-Security: ${HSTS}\r\n` : '') +
         `X-Request-ID: ${requestId(undefined)}\r\nConnection: close\r\n\r\n${body}`,
     );
   }
@@ -132,7 +134,7 @@ function closeWithError(socket: Duplex, error: ServiceError): void {
  * envelope, written in plain HTTP on the socket beneath the failed TLS layer.
  * Any other failure is dropped, as Node does without this listener.
  */
-function tlsClientError(err: Error & { code?: string }, tls: TLSSocket): void {
+function tlsClientError(production: boolean, err: Error & { code?: string }, tls: TLSSocket): void {
   const raw = (tls as TLSSocket & { _parent?: Duplex | null })._parent;
   if (err.code === 'ERR_SSL_HTTP_REQUEST' && raw) {
     closeWithError(
@@ -140,6 +142,7 @@ function tlsClientError(err: Error & { code?: string }, tls: TLSSocket): void {
       new ServiceError('https_required', {
         message: 'This port serves HTTPS; a plain HTTP request was sent to it. Use https://.',
       }),
+      production,
     );
   }
   tls.destroy();
@@ -212,6 +215,9 @@ export async function buildApp(
     // Checked against Content-Length before reading and while streaming a chunked
     // body, so an oversized body is refused (413) without being buffered whole.
     bodyLimit: services.config.maxBodyBytes,
+    // Fastify's default is none: a client that sent its headers could then hold the
+    // connection, and what it sent of its body, for ever. (Node's own default.)
+    requestTimeout: services.config.requestTimeoutMs,
     trustProxy: trusted ?? false,
     // The 503 during shutdown is ours (onRequest below): Fastify's own has
     // neither the error envelope nor X-Request-ID.
@@ -219,7 +225,7 @@ export async function buildApp(
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 },
     // Ajv and fast-json-stringify load only if a route ever declares a schema.
     schemaController: lazySchemaCompilers,
-    clientErrorHandler: clientError,
+    clientErrorHandler: (err, socket) => clientError(production, err, socket),
     // Paths Fastify refuses before routing (bad percent-encoding, an over-long
     // segment) run no hooks: production's rules are applied here as well.
     frameworkErrors: (err, request, reply) => {
@@ -232,7 +238,18 @@ export async function buildApp(
       void sendError(reply, frameworkError(err, request));
     },
   });
-  if (opts.tls) app.server.on('tlsClientError', tlsClientError);
+  if (opts.tls) {
+    app.server.on('tlsClientError', (err: Error, tls: TLSSocket) =>
+      tlsClientError(production, err, tls),
+    );
+  }
+  // Node looks for requests past their timeout every 30 s: a shorter timeout is
+  // looked at every half of it (read by the server when it starts listening). And
+  // Node enforces neither timeout when the headers' (60 s) exceeds the request's.
+  const server = app.server as typeof app.server & { connectionsCheckingInterval: number };
+  const requestTimeoutMs = services.config.requestTimeoutMs;
+  server.connectionsCheckingInterval = Math.min(30_000, Math.max(250, requestTimeoutMs / 2));
+  server.headersTimeout = Math.min(server.headersTimeout, requestTimeoutMs);
 
   // Set when close() starts (preClose runs before the listener stops): requests
   // that still arrive on kept-alive connections while in-flight ones drain are

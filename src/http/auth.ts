@@ -23,6 +23,8 @@ import {
 declare module 'fastify' {
   interface FastifyRequest {
     apiKey?: KeyRecord;
+    /** The key's verification, when a `verifyKeyFirst` hook made it before the body. */
+    keyVerification?: Verification;
   }
 }
 
@@ -83,26 +85,13 @@ export async function authenticateKey(
   check: KeyCheck = API_KEY_CHECK,
   reply?: FastifyReply,
 ): Promise<KeyRecord> {
-  let v: Verification;
   // The batch runner's in-process requests (internal-key.ts): inference only.
   const internal = scope === 'inference' ? internalKeyOf(request) : null;
-  try {
-    v = internal
-      ? await verifier.verifyById(internal.projectId, internal.keyId)
-      : await verifier.verify(request.headers.authorization);
-  } catch (err) {
-    throw new ServiceError('unavailable', {
-      message: 'The key store is temporarily unreachable.',
-      cause: err,
-      headers: { 'Retry-After': '1' },
-    });
-  }
-  if (v.status !== 'ok') {
-    const missing = check.surface === 'exec' ? 'authentication_required' : 'missing_api_key';
-    throw new ServiceError(v.status === 'missing' ? missing : 'invalid_api_key', {
-      message: MESSAGES[v.status],
-    });
-  }
+  const v = internal
+    ? await storeCall(verifier.verifyById(internal.projectId, internal.keyId))
+    : (request.keyVerification ??
+      (await storeCall(verifier.verify(request.headers.authorization))));
+  if (v.status !== 'ok') throw keyRefusal(v.status, check.surface);
   if (!internal && !ipAllowed(v.key, request.ip)) {
     throw new ServiceError('ip_not_allowed', {
       message: `Requests from ${request.ip} are not allowed for this API key.`,
@@ -131,6 +120,46 @@ export async function authenticateKey(
   }
   request.apiKey = v.key;
   return v.key;
+}
+
+/** A verification, or 503 `unavailable` when the key store cannot be reached. */
+async function storeCall(p: Promise<Verification>): Promise<Verification> {
+  try {
+    return await p;
+  } catch (err) {
+    throw new ServiceError('unavailable', {
+      message: 'The key store is temporarily unreachable.',
+      cause: err,
+      headers: { 'Retry-After': '1' },
+    });
+  }
+}
+
+function keyRefusal(
+  status: Exclude<Verification['status'], 'ok'>,
+  surface: KeySurface | undefined,
+): ServiceError {
+  const missing = surface === 'exec' ? 'authentication_required' : 'missing_api_key';
+  return new ServiceError(status === 'missing' ? missing : 'invalid_api_key', {
+    message: MESSAGES[status],
+  });
+}
+
+/**
+ * A `preParsing` hook for routes that check the key in their handler (inference,
+ * whose handler looks the key up with the endpoint it needs anyway): the key is
+ * verified before the body is read, so a client without a valid key gets its 401
+ * at once and cannot make the router receive and hold a body of up to the body
+ * limit. The handler's `authenticateKey` uses this verification; its other checks
+ * (address, project, scope, quota) stay where they were.
+ */
+export function verifyKeyFirst(verifier: KeyVerifier): preParsingAsyncHookHandler {
+  return async (request) => {
+    if (internalKeyOf(request)) return;
+    const v = await storeCall(verifier.verify(request.headers.authorization));
+    if (v.status !== 'ok') throw keyRefusal(v.status, undefined);
+    request.keyVerification = v;
+  };
 }
 
 /**

@@ -18,7 +18,7 @@ import type { FastifyError, FastifyInstance } from 'fastify';
 import { ServiceError } from '../errors/index.js';
 import { UNSTORABLE_ESCAPE } from '../store/storable.js';
 import type { KeyVerifier } from '../keys/index.js';
-import { authenticateKey } from './auth.js';
+import { authenticateKey, verifyKeyFirst } from './auth.js';
 import { errorHandler, toServiceError } from './errors.js';
 
 /**
@@ -115,6 +115,8 @@ const BODY_REFUSALS = new Set([
  * of the route's `:projectId` has passed.
  */
 export function deferJsonErrors(app: FastifyInstance, verifier: KeyVerifier): void {
+  // A body is read only from a client with a valid key.
+  app.addHook('preParsing', verifyKeyFirst(verifier));
   app.setErrorHandler(async (err, request, reply) => {
     if (BODY_REFUSALS.has((err as Partial<FastifyError>).code ?? '')) {
       const { projectId } = request.params as { projectId: string };

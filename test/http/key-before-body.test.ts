@@ -6,6 +6,7 @@
  * is `{}`, so bodiless POSTs and DELETEs that carry the header are accepted.
  */
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { http, seedProject, startTestServer, type TestServer } from '../support/harness.js';
@@ -19,7 +20,11 @@ describe('the key before the body', () => {
   before(async () => {
     // Webhook URLs on loopback (no DNS needed); a worker so the chat route gets to its body.
     s = await startTestServer({
-      env: { SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8', SWITCHYARD_MAX_BODY_BYTES: '65536' },
+      env: {
+        SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
+        SWITCHYARD_MAX_BODY_BYTES: '65536',
+        SWITCHYARD_REQUEST_TIMEOUT_MS: '1000',
+      },
     });
     w = await startSimWorker({ model: 'test-model' });
     p = await seedProject(s, {
@@ -42,6 +47,48 @@ describe('the key before the body', () => {
     ['POST', `/${p.projectId}/v1/slos`],
     ['POST', `/${p.projectId}/v1/exec/invocations`],
   ];
+
+  /** What the server sends on a connection where `raw` was written, until `done` matches it. */
+  const answer = async (raw: string, done: RegExp, ms = 10_000): Promise<string> => {
+    const u = new URL(s.url);
+    const socket = net.connect(Number(u.port), u.hostname);
+    let out = '';
+    socket.setEncoding('utf8');
+    socket.on('error', () => undefined);
+    socket.write(raw);
+    try {
+      return await new Promise<string>((resolve, reject) => {
+        const bound = setTimeout(() => reject(new Error(`no answer in ${ms} ms: ${out}`)), ms);
+        const check = () => {
+          if (!done.test(out)) return;
+          clearTimeout(bound);
+          resolve(out);
+        };
+        socket.on('data', (d: string) => ((out += d), check()));
+        socket.on('close', () => (clearTimeout(bound), resolve(out)));
+      });
+    } finally {
+      socket.destroy();
+    }
+  };
+
+  it('a body that stalls: no key, 401 before it arrives; with one, 408 at the request timeout', async () => {
+    const head = (auth: string) =>
+      `POST /${p.projectId}/main/v1/chat/completions HTTP/1.1\r\nHost: x\r\n` +
+      `Content-Type: application/json\r\nContent-Length: 100\r\n${auth}\r\n{`;
+    // Embeddings and responses share the chat route's check.
+    for (const route of ['chat/completions', 'embeddings', 'responses']) {
+      const raw = head('').replace('chat/completions', route);
+      const refused = await answer(raw, /\r\n\r\n\{.*\}$/s, 5_000);
+      assert.match(refused, /^HTTP\/1\.1 401 /, route);
+      assert.match(refused, /"code":"missing_api_key"/);
+    }
+    const started = Date.now();
+    const late = await answer(head(`Authorization: Bearer ${p.key}\r\n`), /\}$/);
+    assert.match(late, /^HTTP\/1\.1 408 /);
+    assert.match(late, /"code":"request_timeout"/);
+    assert.ok(Date.now() - started >= 900, `answered after ${Date.now() - started} ms`);
+  });
 
   it('no key, or a bad one, with a malformed or empty body: 401', async () => {
     for (const [method, path] of routes()) {

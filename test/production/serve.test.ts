@@ -10,6 +10,7 @@ import { copyFileSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSyn
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { once } from 'node:events';
+import net from 'node:net';
 import { Readable } from 'node:stream';
 import { after, describe, it } from 'node:test';
 import { Agent, request } from 'undici';
@@ -142,6 +143,17 @@ describe('HTTPS and production mode', () => {
       assert.equal((bad.body.error as Record<string, unknown>).code, 'https_required');
       assert.match(String(bad.headers['strict-transport-security']), /max-age=\d+/);
     }
+    // A request the HTTP parser refuses (headers over the limit) is answered on the
+    // raw socket: with HSTS as well.
+    const u = new URL(url);
+    const socket = net.connect(Number(u.port), u.hostname);
+    let raw = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (d: string) => (raw += d));
+    socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`);
+    await once(socket, 'close');
+    assert.match(raw, /^HTTP\/1\.1 431 /);
+    assert.match(raw, /\r\nStrict-Transport-Security: max-age=\d+/i);
   });
 
   it('serves TLS from the configured files and accepts requests over it', async () => {
@@ -424,6 +436,53 @@ describe('graceful drain on SIGTERM', () => {
     await store.close();
     assert.deepEqual(rows.map((r) => r.status).sort(), ['cancelled', 'cancelled', 'completed']);
     assert.ok(rows.some((r) => r.status === 'cancelled' && r.completionTokens >= 1));
+  });
+
+  it('a kept-alive connection whose request finished during the drain does not hold it to the deadline', async () => {
+    const dir = tmp();
+    dirs.push(dir);
+    const worker = spawnSwitchyard(
+      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', 'ka'],
+      {},
+    );
+    procs.push(worker);
+    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
+    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_DRAIN_MS: '20000' });
+    procs.push(p);
+    const op = (path: string, body: unknown) =>
+      http('POST', `${url}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+    await op('/models', { name: 'ka', context_window: 4096 });
+    await op('/workers', { model: 'ka', tier: 'gpu', url: workerUrl });
+    const proj = await op('/projects', { slug: 'ka', name: 'KA' });
+    await op('/projects/ka/endpoints', { slug: 'chat', name: 'Chat', model: 'ka', tier: 'gpu' });
+    const key = String((await op('/projects/ka/keys', {})).body.key);
+    const agent = new Agent({ keepAliveTimeout: 60_000 });
+    // About a second of generation, on a connection the client keeps open.
+    const pending = request(`${url}/${String(proj.body.id)}/chat/v1/chat/completions`, {
+      method: 'POST',
+      dispatcher: agent,
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'x',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 5,
+      }),
+    });
+    await new Promise((r) => setTimeout(r, 200));
+    const t0 = Date.now();
+    p.child.kill('SIGTERM');
+    const res = await pending;
+    assert.equal(res.statusCode, 200);
+    await res.body.text();
+    const [code] = await new Promise<[number | null]>((resolve) =>
+      p.child.exitCode !== null
+        ? resolve([p.child.exitCode])
+        : p.child.once('exit', (c) => resolve([c])),
+    );
+    assert.equal(code, 0);
+    const took = Date.now() - t0;
+    assert.ok(took < 8_000, `exited ${took} ms after SIGTERM (the drain period is 20 s)`);
+    await agent.close();
   });
 
   it('a second SIGTERM while draining exits at once with code 1', async () => {
