@@ -38,19 +38,16 @@ import {
 } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
-import { workerModel } from './worker-model.js';
+import { workerModel, workerUrl } from './worker-fields.js';
 import { TIER_IDS } from '../tiers/index.js';
 
 const registerBody = z
   .object({
     model: z.string().min(1).max(200),
-    /** The project whose own model `model` names (see worker-model.ts). */
+    /** The project whose own model `model` names (see worker-fields.ts). */
     project: z.string().min(1).max(200).optional(),
     tier: z.enum(TIER_IDS),
-    url: z
-      .url({ protocol: /^https?$/ })
-      .max(2048)
-      .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1'),
+    url: workerUrl,
     capacity: z.number().int().min(1).max(1_000_000).optional(),
     scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),
     id: z

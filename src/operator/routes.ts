@@ -21,7 +21,7 @@ import {
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS, type TierId } from '../tiers/index.js';
-import { workerModel } from './worker-model.js';
+import { workerModel, workerUrl } from './worker-fields.js';
 
 const slug = z.string().regex(SLUG_PATTERN, 'must be lowercase letters, digits and dashes');
 /** `v1` would shadow the project-level routes (`/<project_id>/v1/...`). */
@@ -30,10 +30,6 @@ const endpointSlug = slug.refine((v) => v !== 'v1', 'v1 is reserved');
 const creditCents = z.number().int().min(0).max(MAX_CREDIT_CENTS);
 /** A model name's limit (the Models API's too). */
 const MODEL_NAME_MAX = 200;
-const workerUrl = z
-  .url({ protocol: /^https?$/ })
-  .max(2048)
-  .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1');
 /** A DNS hostname (letters, digits and dashes in dot-separated labels), kept in lower case. */
 const customDomain = z
   .string()
@@ -86,7 +82,7 @@ const patchProjectBody = z
 const createWorkerBody = z
   .object({
     model: z.string().min(1).max(MODEL_NAME_MAX),
-    /** The project whose own model `model` names (see worker-model.ts). */
+    /** The project whose own model `model` names (see worker-fields.ts). */
     project: z.string().min(1).max(200).optional(),
     tier: z.enum(TIER_IDS),
     url: workerUrl,

@@ -68,6 +68,14 @@ describe('operator API', () => {
     ['/workers', 'bad tier', { model: 'm', tier: 'platinum', url: 'http://h/v1' }, 'tier'],
     ['/workers', 'url without /v1', { model: 'm', tier: 'cpu', url: 'http://h:1' }, 'url'],
     ['/workers', 'non-http url', { model: 'm', tier: 'cpu', url: 'ftp://h/v1' }, 'url'],
+    // It would be shown by the operator API and logged with the worker's health.
+    [
+      '/workers',
+      'url with credentials',
+      { model: 'm', tier: 'cpu', url: 'http://user:secret@h:1/v1' },
+      'url',
+    ],
+    ['/workers', 'url with a user', { model: 'm', tier: 'cpu', url: 'http://user@h:1/v1' }, 'url'],
   ];
   for (const [path, what, body, param] of badBodies) {
     it(`400 invalid_body for ${path}: ${what}`, async () => {

@@ -1,4 +1,7 @@
 /**
+ * What an operator's `POST /workers` and a worker's self-registration share: the
+ * worker's URL and the model it serves.
+ *
  * The model a worker serves, named by the operator's `POST /workers` or by a
  * worker registering itself. Model names are unique among the platform's models
  * and within each project's own, so a name may belong to several projects:
@@ -7,9 +10,25 @@
  * the platform's model, else the one project model so named; when several
  * projects have it, the request must say which (400 naming `project`).
  */
+import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import type { ModelRecord } from '../models/repository.js';
 import type { Services } from '../runtime/services.js';
+
+/**
+ * A worker's OpenAI base URL: http(s), ending in /v1. Credentials in it are refused:
+ * the router would not send them (workers are reached without them) and the URL is
+ * shown in the operator API and logged with the worker's health.
+ */
+export const workerUrl = z
+  .url({ protocol: /^https?$/ })
+  .max(2048)
+  .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1')
+  .refine((u) => {
+    // Runs on what failed `url()` too: an unparsable value is that check's to name.
+    const parsed = URL.parse(u);
+    return !parsed || (parsed.username === '' && parsed.password === '');
+  }, 'must not hold a user name or password');
 
 export async function workerModel(
   s: Services,
