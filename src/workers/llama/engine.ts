@@ -1178,73 +1178,83 @@ export class LlamaEngine {
     const penalize = plan.frequencyPenalty !== 0 || plan.presencePenalty !== 0;
     let firstTokenAt = 0;
     let reasoning = 0;
+    let streamed = '';
     try {
-      const res = await chat.generateResponse(plan.history, {
-        functions: chatPlan.functions,
-        documentFunctionParams: chatPlan.functions ? true : undefined,
-        maxParallelFunctionCalls: chatPlan.parallel ? undefined : 1,
-        temperature: plan.temperature,
-        topP: plan.topP,
-        topK: 0,
-        minP: 0,
-        seed: (plan.seed + index) >>> 0,
-        tokenBias: plan.tokenBias,
-        repeatPenalty: penalize
-          ? {
-              penalty: 1,
-              frequencyPenalty: plan.frequencyPenalty,
-              presencePenalty: plan.presencePenalty,
-              lastTokens: plan.maxTokens,
-              penalizeNewLine: true,
+      const res = await chat
+        .generateResponse(plan.history, {
+          functions: chatPlan.functions,
+          documentFunctionParams: chatPlan.functions ? true : undefined,
+          maxParallelFunctionCalls: chatPlan.parallel ? undefined : 1,
+          temperature: plan.temperature,
+          topP: plan.topP,
+          topK: 0,
+          minP: 0,
+          seed: (plan.seed + index) >>> 0,
+          tokenBias: plan.tokenBias,
+          repeatPenalty: penalize
+            ? {
+                penalty: 1,
+                frequencyPenalty: plan.frequencyPenalty,
+                presencePenalty: plan.presencePenalty,
+                lastTokens: plan.maxTokens,
+                penalizeNewLine: true,
+              }
+            : false,
+          maxTokens: plan.maxTokens,
+          customStopTriggers: plan.requestStops.length > 0 ? plan.requestStops : undefined,
+          signal: run.signal,
+          stopOnAbortSignal: true,
+          onToken: () => {
+            if (firstTokenAt === 0) firstTokenAt = performance.now();
+          },
+          onResponseChunk: (chunk) => {
+            // Thoughts are counted, never sent: deltas carry content and tool calls only.
+            if (chunk.type === 'segment') reasoning += chunk.tokens.length;
+            else if (chunk.text !== '') {
+              streamed += chunk.text;
+              run.onEvent?.({ type: 'content', index, text: chunk.text, logprobs: null });
             }
-          : false,
-        maxTokens: plan.maxTokens,
-        customStopTriggers: plan.requestStops.length > 0 ? plan.requestStops : undefined,
-        signal: run.signal,
-        stopOnAbortSignal: true,
-        onToken: () => {
-          if (firstTokenAt === 0) firstTokenAt = performance.now();
-        },
-        onResponseChunk: (chunk) => {
-          // Thoughts are counted, never sent: deltas carry content and tool calls only.
-          if (chunk.type === 'segment') reasoning += chunk.tokens.length;
-          else if (chunk.text !== '') {
-            run.onEvent?.({ type: 'content', index, text: chunk.text, logprobs: null });
-          }
-        },
-        onFunctionCallParamsChunk: (c) => {
-          let call = calls.get(c.callIndex);
-          if (!call) {
-            call = { id: callId(), name: c.functionName, text: '', pendingSpace: '' };
-            calls.set(c.callIndex, call);
+          },
+          onFunctionCallParamsChunk: (c) => {
+            let call = calls.get(c.callIndex);
+            if (!call) {
+              call = { id: callId(), name: c.functionName, text: '', pendingSpace: '' };
+              calls.set(c.callIndex, call);
+              run.onEvent?.({
+                type: 'tool_call',
+                index,
+                call: {
+                  index: c.callIndex,
+                  id: call.id,
+                  type: 'function',
+                  function: { name: c.functionName, arguments: '' },
+                },
+              });
+            }
+            const chunk = call.pendingSpace + c.paramsChunk;
+            const body = chunk.replace(/\s+$/, '');
+            call.pendingSpace = c.done ? '' : chunk.slice(body.length);
+            if (body === '') return;
+            call.text += body;
             run.onEvent?.({
               type: 'tool_call',
               index,
-              call: {
-                index: c.callIndex,
-                id: call.id,
-                type: 'function',
-                function: { name: c.functionName, arguments: '' },
-              },
+              call: { index: c.callIndex, function: { arguments: body } },
             });
-          }
-          const chunk = call.pendingSpace + c.paramsChunk;
-          const body = chunk.replace(/\s+$/, '');
-          call.pendingSpace = c.done ? '' : chunk.slice(body.length);
-          if (body === '') return;
-          call.text += body;
-          run.onEvent?.({
-            type: 'tool_call',
-            index,
-            call: { index: c.callIndex, function: { arguments: body } },
-          });
-        },
-      });
+          },
+        })
+        .catch((err: unknown) => {
+          // The context filled while the reply was still growing (the function-call syntax
+          // LlamaChat adds is not in the token budget the request was checked against) and
+          // it could not shift: the reply ends there, cut by the context as by max_tokens.
+          if (!contextFull(err)) throw err;
+          return null;
+        });
       // Every call the model began, as the stream sent them: the complete ones
       // (`functionCalls`) and one cut off by max_tokens, whose arguments are the JSON
       // written so far (OpenAI returns a truncated call the same way, with
       // finish_reason `length`). Streamed and not, the same calls.
-      const done = res.functionCalls ?? [];
+      const done = res?.functionCalls ?? [];
       const indexes = [...new Set([...calls.keys(), ...done.keys()])].sort((a, b) => a - b);
       const toolCalls: WireToolCall[] = indexes.map((i) => {
         const raw = calls.get(i);
@@ -1264,13 +1274,15 @@ export class LlamaEngine {
       this.totals.promptSeconds += (promptEnd - started) / 1000;
       this.totals.predictedSeconds += (ended - promptEnd) / 1000;
       this.totals.predictedTokens += completionTokens;
+      const response = res ? res.response : streamed;
       const counts = predictionCounts(
         plan.predictionTokens ?? [],
-        plan.predictionTokens ? this.model.tokenize(res.response, false) : [],
+        plan.predictionTokens ? this.model.tokenize(response, false) : [],
       );
-      // The token limit wins: a reply it cut off is `length`, tool calls or not.
+      // The token limit wins (or the context's): a reply it cut off is `length`, tool
+      // calls or not.
       const finish: FinishReason =
-        res.metadata.stopReason === 'maxTokens'
+        !res || res.metadata.stopReason === 'maxTokens'
           ? 'length'
           : toolCalls.length > 0
             ? 'tool_calls'
@@ -1282,7 +1294,7 @@ export class LlamaEngine {
         rejected: counts.rejected,
         choice: {
           index,
-          content: toolCalls.length > 0 && res.response === '' ? null : res.response,
+          content: toolCalls.length > 0 && response === '' ? null : response,
           toolCalls: toolCalls.length > 0 ? toolCalls : null,
           logprobs: null,
           finishReason: finish,
@@ -1293,4 +1305,9 @@ export class LlamaEngine {
       chat.dispose({ disposeSequence: false });
     }
   }
+}
+
+/** node-llama-cpp's error when a chat's reply filled the context and could not shift it. */
+function contextFull(err: unknown): boolean {
+  return err instanceof Error && /too small to fit the context shift size/.test(err.message);
 }

@@ -517,6 +517,32 @@ describe('llama worker: a tool call cut off by max_tokens', () => {
   });
 });
 
+describe('llama worker: a reply that fills the context', () => {
+  it('parallel calls until the context is full: finish_reason length, not a 500', async () => {
+    // No max_tokens: the rest of the window. The calls' own syntax, which LlamaChat
+    // adds, is outside that budget; the context filled and could not shift.
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: user('hi'),
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: 'f',
+            parameters: { type: 'object', properties: { a: { type: 'string' } } },
+          },
+        },
+      ],
+      tool_choice: 'required',
+      seed: 1,
+    });
+    const choice = r.choices[0]!;
+    assert.equal(choice.finish_reason, 'length');
+    assert.ok((choice.message.tool_calls?.length ?? 0) > 1, 'parallel calls, cut by the context');
+    assert.ok(r.usage!.prompt_tokens + r.usage!.completion_tokens <= CONTEXT);
+  });
+});
+
 describe('llama worker: errors, abort and endpoints', () => {
   it('answers a missing capability with a 400 naming the field', async () => {
     await expectError(
