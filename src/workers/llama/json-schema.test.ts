@@ -46,10 +46,11 @@ describe('toGrammarSchema', () => {
   });
 
   it('merges a single allOf (how pydantic attaches descriptions to references)', () => {
-    assert.deepEqual(toGrammarSchema({ allOf: [{ $ref: '#/$defs/A' }], description: 'x' }, true), {
-      description: 'x',
-      $ref: '#/$defs/A',
-    });
+    const defs = { A: { type: 'string' } };
+    assert.deepEqual(
+      toGrammarSchema({ allOf: [{ $ref: '#/$defs/A' }], description: 'x', $defs: defs }, true),
+      { description: 'x', $defs: defs, $ref: '#/$defs/A' },
+    );
   });
 
   it('reads an empty schema or a bare object as "any value" / "any object"', () => {
@@ -92,6 +93,14 @@ describe('toGrammarSchema', () => {
       [{ allOf: [{ type: 'string' }, { type: 'number' }] }, '/allOf'],
       [{ enum: [{ a: 1 }] }, '/enum/0'],
       [false, ''],
+      // What no value satisfies: the grammar would write output that breaks it.
+      [{ type: 'object', properties: { a: { $ref: '#/$defs/nope' } } }, '/properties/a/$ref'],
+      [{ $ref: '#/$defs/nope', $defs: { other: { type: 'string' } } }, '/$ref'],
+      [{ type: 'array', items: { type: 'boolean' }, minItems: 2, maxItems: 1 }, '/minItems'],
+      [{ type: 'string', minLength: 5, maxLength: 3 }, '/minLength'],
+      [{ type: 'object', minProperties: 3, maxProperties: 1 }, '/minProperties'],
+      [{ type: 'string', maxLength: -1 }, '/maxLength'],
+      [{ type: 'array', minItems: 1.5 }, '/minItems'],
     ] as const) {
       assert.throws(
         () => toGrammarSchema(schema, false),
@@ -99,5 +108,27 @@ describe('toGrammarSchema', () => {
         JSON.stringify(schema),
       );
     }
+  });
+
+  it('strict: a required property must be declared (a grammar writes only declared ones)', () => {
+    const schema = {
+      type: 'object',
+      properties: { a: { type: 'boolean' } },
+      required: ['a', 'b'],
+      additionalProperties: false,
+    };
+    assert.throws(
+      () => toGrammarSchema(schema, true),
+      (e: unknown) => e instanceof SchemaError && e.pointer === '/required/1',
+    );
+    // Best effort without strict, as OpenAI's non-strict mode.
+    assert.doesNotThrow(() => toGrammarSchema(schema, false));
+    // A definition referenced before it is defined is fine.
+    assert.doesNotThrow(() =>
+      toGrammarSchema(
+        { properties: { a: { $ref: '#/$defs/A' } }, $defs: { A: { type: 'string' } } },
+        true,
+      ),
+    );
   });
 });

@@ -14,7 +14,10 @@
  *   formats other than date/time/date-time, …): dropped when the schema is not strict
  *   (best effort, as OpenAI's non-strict mode), rejected when it is, because a strict
  *   schema promises that every output validates.
- * - Anything else malformed (unknown type, other `$ref` forms, `false`): rejected.
+ * - Anything else malformed (unknown type, other `$ref` forms, `false`) or that no value
+ *   can satisfy (a `$ref` to no definition, a minimum length, item or property count
+ *   above its maximum, in strict mode a `required` property not in `properties`):
+ *   rejected, where the grammar would otherwise produce output that breaks the schema.
  *
  * Errors carry the JSON pointer of the offending node.
  */
@@ -73,6 +76,10 @@ const ANY_VALUE: Node = {
 };
 
 class Converter {
+  /** `$defs` names seen, and the references to check against them once all are seen. */
+  readonly defined = new Set<string>();
+  readonly refs: Array<{ name: string; pointer: string }> = [];
+
   constructor(private readonly strict: boolean) {}
 
   convert(schema: unknown, pointer: string): Node {
@@ -111,6 +118,7 @@ class Converter {
           'only references of the form #/$defs/Name are supported',
         );
       }
+      this.refs.push({ name: m[1]!, pointer: `${pointer}/$ref` });
       return { ...out, $ref: `#/$defs/${m[1]}` };
     }
     if ('const' in s) return { ...out, const: this.primitive(s.const, `${pointer}/const`) };
@@ -173,9 +181,7 @@ class Converter {
             );
           }
         }
-        if (typeof s.minLength === 'number') r.minLength = s.minLength;
-        if (typeof s.maxLength === 'number') r.maxLength = s.maxLength;
-        return r;
+        return { ...r, ...bounds(s, 'minLength', 'maxLength', pointer) };
       }
       default:
         return { ...out, type };
@@ -197,6 +203,16 @@ class Converter {
         throw new SchemaError(`${pointer}/required`, 'must be an array of property names');
       }
       r.required = s.required;
+      // A grammar writes only declared properties: a required one it does not know of
+      // would be missing from every output.
+      const declared = isNode(s.properties) ? s.properties : {};
+      const unknown = s.required.findIndex((k) => !Object.hasOwn(declared, k as string));
+      if (this.strict && unknown >= 0) {
+        throw new SchemaError(
+          `${pointer}/required/${unknown}`,
+          `${JSON.stringify(s.required[unknown])} is required but not in properties`,
+        );
+      }
     }
     const extra = s.additionalProperties;
     if (extra === undefined) {
@@ -208,9 +224,7 @@ class Converter {
     } else {
       r.additionalProperties = this.convert(extra, `${pointer}/additionalProperties`);
     }
-    if (typeof s.minProperties === 'number') r.minProperties = s.minProperties;
-    if (typeof s.maxProperties === 'number') r.maxProperties = s.maxProperties;
-    return r;
+    return { ...r, ...bounds(s, 'minProperties', 'maxProperties', pointer) };
   }
 
   private array(s: Node, pointer: string): Node {
@@ -222,9 +236,7 @@ class Converter {
         throw new SchemaError(`${pointer}/prefixItems`, 'must be an array');
       r.prefixItems = s.prefixItems.map((p, i) => this.convert(p, `${pointer}/prefixItems/${i}`));
     }
-    if (typeof s.minItems === 'number') r.minItems = s.minItems;
-    if (typeof s.maxItems === 'number') r.maxItems = s.maxItems;
-    return r;
+    return { ...r, ...bounds(s, 'minItems', 'maxItems', pointer) };
   }
 
   private defs(s: Node, pointer: string): Node {
@@ -233,8 +245,10 @@ class Converter {
       const d = s[key];
       if (d === undefined) continue;
       if (!isNode(d)) throw new SchemaError(`${pointer}/${key}`, 'must be an object');
-      for (const [name, def] of Object.entries(d))
+      for (const [name, def] of Object.entries(d)) {
+        this.defined.add(name);
         out[name] = this.convert(def, `${pointer}/${key}/${name}`);
+      }
     }
     return out;
   }
@@ -246,8 +260,36 @@ class Converter {
   }
 }
 
+/**
+ * A `min`/`max` pair of counts (lengths, items, properties) as the grammar takes it:
+ * whole numbers from 0, the minimum not above the maximum (no value could satisfy it,
+ * and the grammar would write one that breaks the maximum).
+ */
+function bounds(s: Node, minKey: string, maxKey: string, pointer: string): Node {
+  const r: Node = {};
+  for (const key of [minKey, maxKey]) {
+    const v = s[key];
+    if (v === undefined) continue;
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) {
+      throw new SchemaError(`${pointer}/${key}`, 'must be a whole number from 0');
+    }
+    r[key] = v;
+  }
+  if (typeof r[minKey] === 'number' && typeof r[maxKey] === 'number' && r[minKey] > r[maxKey]) {
+    throw new SchemaError(`${pointer}/${minKey}`, `is above ${maxKey}: no value can satisfy both`);
+  }
+  return r;
+}
+
 /** Converts a client's JSON Schema; throws `SchemaError` (see the module comment). */
 export function toGrammarSchema(schema: unknown, strict: boolean): GbnfJsonSchema {
+  const converter = new Converter(strict);
+  const out = converter.convert(schema, '');
+  // node-llama-cpp reads a reference to no definition as "any value".
+  const dangling = converter.refs.find((r) => !converter.defined.has(r.name));
+  if (dangling) {
+    throw new SchemaError(dangling.pointer, `no definition named ${JSON.stringify(dangling.name)}`);
+  }
   // The converter only emits the shapes node-llama-cpp's schema type describes.
-  return new Converter(strict).convert(schema, '') as unknown as GbnfJsonSchema;
+  return out as unknown as GbnfJsonSchema;
 }
