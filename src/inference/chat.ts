@@ -61,6 +61,7 @@ import {
   clampMaxTokens,
   estimatePromptTokens,
   parseTokenCountError,
+  promptTooLong,
 } from './clamp.js';
 import {
   admitWorker,
@@ -410,7 +411,9 @@ export class ChatCompletions {
         throw upstreamFailure(res.statusCode, text);
       }
       const fits = resized ? null : parseTokenCountError(res.statusCode, text);
-      if (fits === null) throw upstreamFailure(res.statusCode, text);
+      if (fits === null) {
+        throw promptTooLong(res.statusCode, text) ?? upstreamFailure(res.statusCode, text);
+      }
       resized = true;
       run.body = { ...run.body, max_tokens: fits };
       // The header reports a reduction of the client's value; the router's own

@@ -28,6 +28,7 @@
  *
  * Everything here is pure: plain data in, plain data out.
  */
+import { ServiceError } from '../errors/index.js';
 
 export const CLAMP_HEADER = 'X-Service-Max-Tokens-Clamped';
 
@@ -281,6 +282,22 @@ const WORDINGS: readonly Wording[] = [
     }),
   },
 ];
+
+/**
+ * The engine's rejection when the prompt alone does not fit its window: 400
+ * `context_length_exceeded` naming `messages`, in words about the messages. (The
+ * engine's own words describe the max_tokens it was sent, which may be the router's
+ * choice, not the client's.) Null for any other response.
+ */
+export function promptTooLong(status: number, body: string): ServiceError | null {
+  const r = readTokenCountError(status, body);
+  if (r?.promptTokens === undefined || r.contextWindow === undefined) return null;
+  if (r.promptTokens < r.contextWindow) return null;
+  return new ServiceError('context_length_exceeded', {
+    message: `This model's maximum context length is ${r.contextWindow} tokens; the messages alone are ${r.promptTokensExact ? '' : 'at least '}${r.promptTokens}. Shorten the messages.`,
+    param: 'messages',
+  });
+}
 
 /** Reads an engine's context-length rejection; null for any other response. */
 export function readTokenCountError(status: number, body: string): TokenCountRejection | null {

@@ -47,6 +47,20 @@ describe('engine token-count retry and the clamp header', () => {
     }
   });
 
+  it("messages longer than the engine's window: 400 context_length_exceeded naming messages", async () => {
+    // About 5,600 tokens: under the model record's 8,192, over the worker's 4,096.
+    const content = 'lorem ipsum dolor '.repeat(1_400);
+    for (const fields of [{}, { max_tokens: 5 }]) {
+      const r = await ask({ messages: [{ role: 'user', content }], ...fields });
+      assert.equal(r.status, 400, r.text);
+      const e = (JSON.parse(r.text) as { error: Record<string, unknown> }).error;
+      assert.equal(e.code, 'context_length_exceeded');
+      assert.equal(e.param, 'messages');
+      // Not the engine's words about a max_tokens of the router's own choosing.
+      assert.doesNotMatch(String(e.message), /in the completion/);
+    }
+  });
+
   it("the client's max_tokens reduced by the retry: the header says so", async () => {
     for (const stream of [false, true]) {
       const r = await ask({ max_tokens: 6000, stream });
