@@ -3,8 +3,14 @@
  * `billing_delinquent`; a project whose credit is used up gets 402
  * `insufficient_quota` on priced models (a model with zero prices costs
  * nothing, so it stays usable). The project's balance is read through a
- * 1-second cache; spend is written by the usage recorder, so a project may
- * overrun its credit by at most the requests admitted within that second.
+ * 1-second cache; spend is written by the usage recorder when a request ends.
+ *
+ * Requests still running have spent nothing on record yet: each one this instance
+ * admits reserves what it may cost at most (its prompt estimate and its max_tokens at
+ * the model's prices) until it ends, and a request is refused once the credit less
+ * those reservations is used up. So long streams started together cannot overrun the
+ * credit without bound; what remains is one request's reservation, the requests of
+ * the second the balance is cached, and other instances' requests in flight.
  */
 import { ServiceError } from '../errors/index.js';
 import {
@@ -15,8 +21,12 @@ import {
 import type { Clock } from '../runtime/clock.js';
 import { TtlCache } from '../runtime/ttl-cache.js';
 
+const NOTHING = (): void => undefined;
+
 export class BillingGate {
   private readonly cache: TtlCache<Project | null>;
+  /** Micro-cents reserved per project by requests in flight here. */
+  private readonly reserved = new Map<string, number>();
 
   constructor(
     private readonly projects: ProjectRepository,
@@ -35,11 +45,28 @@ export class BillingGate {
         message: 'The project has an unpaid balance; requests are refused until it is settled.',
       });
     }
-    if (priced && remainingMicrocents(p) <= 0) {
+    if (priced && remainingMicrocents(p) - (this.reserved.get(projectId) ?? 0) <= 0) {
       throw new ServiceError('insufficient_quota', {
         message: 'You exceeded your current quota: the project has no remaining credit.',
       });
     }
+  }
+
+  /**
+   * Holds `microcents` of the project's credit for a request in flight; the returned
+   * function gives it back (once) when the request has ended and its usage is recorded.
+   */
+  reserve(projectId: string, microcents: number): () => void {
+    if (microcents <= 0) return NOTHING;
+    this.reserved.set(projectId, (this.reserved.get(projectId) ?? 0) + microcents);
+    let held = true;
+    return () => {
+      if (!held) return;
+      held = false;
+      const left = (this.reserved.get(projectId) ?? 0) - microcents;
+      if (left > 0) this.reserved.set(projectId, left);
+      else this.reserved.delete(projectId);
+    };
   }
 
   invalidate(projectId: string): void {

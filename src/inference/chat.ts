@@ -233,10 +233,8 @@ export class ChatCompletions {
       checkBridgeRequest(req, endpoint.capabilities, endpoint.modelName);
     }
     requireCapabilities(req, endpoint);
-    await d.billing.check(
-      key.projectId,
-      endpoint.promptPriceCentsPerMtok > 0 || endpoint.completionPriceCentsPerMtok > 0,
-    );
+    const priced = endpoint.promptPriceCentsPerMtok > 0 || endpoint.completionPriceCentsPerMtok > 0;
+    await d.billing.check(key.projectId, priced);
 
     const promptTokens = estimatePromptTokens(req.messages, req.tools);
     const clamp = clampMaxTokens({
@@ -302,6 +300,18 @@ export class ChatCompletions {
       tried: new Set([worker.id]),
       sent: false,
     };
+    // What the request may cost at most holds the project's credit while it runs
+    // (billing/gate.ts): requests admitted meanwhile see it spent.
+    const release = priced
+      ? d.billing.reserve(
+          key.projectId,
+          costMicrocents(
+            { promptTokens, completionTokens: clamp.value * (req.n ?? 1) },
+            endpoint,
+            tier.priceMultiplier * (req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1),
+          ),
+        )
+      : null;
     try {
       if (req.xExec && d.exec) await this.bridge(run, d.exec);
       else if (req.stream) await this.stream(run);
@@ -309,6 +319,7 @@ export class ChatCompletions {
     } finally {
       // Normally released by `record`; this covers a throw before it.
       d.pool.abandon(run.lease);
+      release?.();
     }
   };
 

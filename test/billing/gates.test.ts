@@ -74,3 +74,54 @@ describe('billing gates', () => {
     await ask();
   });
 });
+
+describe('billing gate: requests in flight hold credit', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    // 0.1 cent per token and 5 cents of credit; each token takes 1 s of the fake clock.
+    f = await inferenceFixture({
+      prices: [100_000, 100_000],
+      creditCents: 5,
+      simOnFakeClock: true,
+      sim: { tpotMs: 1_000 },
+    });
+  });
+  after(() => f.close());
+
+  it('long requests started together cannot overrun the credit: 402 once their maximum is held', async () => {
+    // Each may cost (prompt estimate + 10 tokens) x 0.1 cent, about 2 cents; nothing
+    // is spent on record until one ends.
+    const body = {
+      model: 'x',
+      messages: [{ role: 'user' as const, content: 'a long one' }],
+      max_tokens: 10,
+      stream: true as const,
+    };
+    const open = [];
+    for (let i = 0; i < 3; i++) {
+      // Resolves with the stream's headers: admitted, waiting for its first token.
+      const s = await f.client.chat.completions.create(body);
+      open.push(s[Symbol.asyncIterator]());
+    }
+    // Admitted, it would wait for the fake clock: bounded so that a regression fails.
+    const refused = await f.client.chat.completions
+      .create({ ...body, stream: false }, { signal: AbortSignal.timeout(5_000) })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(refused instanceof OpenAI.APIError, String(refused));
+    assert.equal(refused.status, 402);
+    assert.equal(refused.code, 'insufficient_quota');
+    // They finish (and are billed); their reservations are given back.
+    const ends = open.map(async (it) => {
+      while (!(await it.next()).done);
+    });
+    for (let i = 0; i < 12; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      f.server.clock.advance(1_000);
+    }
+    await Promise.all(ends);
+    assert.equal(f.server.services.billing['reserved'].size, 0);
+  });
+});
