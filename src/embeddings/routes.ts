@@ -230,11 +230,13 @@ class Pooling {
     const body = upstreamBody(job, endpoint.modelName);
     let outcome: Outcome = 'error';
     let promptTokens = 0;
+    let sent = false;
     try {
       let text: string;
       for (;;) {
         let res;
         try {
+          sent = true;
           res = await s.upstream.post(lease.worker.url, `/${task}`, body, abort.signal);
         } catch (err) {
           if (abort.signal.aborted || !failover(true)) throw err;
@@ -277,6 +279,9 @@ class Pooling {
     } catch (err) {
       const end = failedRequest(err, { deadline, aborted: abort.signal.aborted, reply, tier });
       outcome = end.outcome;
+      // Ended by the client or the deadline after a worker had the inputs: it read
+      // them, so they are billed at the router's estimate, as a chat request's prompt.
+      if ((outcome === 'cancelled' || outcome === 'timeout') && sent) promptTokens = job.estimate;
       if (end.error) throw end.error;
     } finally {
       deadline.clear();

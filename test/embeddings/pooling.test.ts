@@ -389,6 +389,8 @@ describe('workers failing, saturated, slow', () => {
       rows.map((x) => x.status),
       ['timeout'],
     );
+    // The worker read the input: billed at the router's estimate, as a chat prompt is.
+    assert.ok(rows[0]!.promptTokens > 0, 'the input is billed');
   });
 
   it('a client that leaves aborts the worker’s request', async () => {
@@ -404,5 +406,17 @@ describe('workers failing, saturated, slow', () => {
     await assert.rejects(pending);
     await until(() => f.worker.stats().aborted >= 1, 'the upstream abort');
     assert.equal(f.worker.stats().completed, 0);
+    // The worker read the input: billed at the router's estimate, as a chat prompt is.
+    let rows: Array<typeof tables.usageRecords.$inferSelect> = [];
+    for (let i = 0; i < 100 && rows.length === 0; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      await f.server.services.usage.flush();
+      rows = await f.server.services.store.db.select().from(tables.usageRecords);
+    }
+    assert.deepEqual(
+      rows.map((x) => x.status),
+      ['cancelled'],
+    );
+    assert.ok(rows[0]!.promptTokens > 0, 'the input is billed');
   });
 });
