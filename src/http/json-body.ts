@@ -44,6 +44,17 @@ function text(body: Buffer): string | null {
   }
 }
 
+/**
+ * A body is read as sent: a compressed one would be refused as invalid JSON, or taken
+ * as JSON when the header lies. RFC 9110 §8.4: 415 for a content coding not supported.
+ */
+function encodingRefusal(coding: string | undefined): ServiceError | null {
+  if (coding === undefined || coding.toLowerCase() === 'identity') return null;
+  return new ServiceError('unsupported_media_type', {
+    message: `Content-Encoding '${coding}' is not supported; send the body uncompressed.`,
+  });
+}
+
 export class UndecodableBody {
   constructor(readonly error: ServiceError) {}
 }
@@ -65,6 +76,11 @@ export function emptyJsonIsObject(app: FastifyInstance): void {
     'application/json',
     { parseAs: 'buffer' },
     (request, raw, done) => {
+      const encoded = encodingRefusal(request.headers['content-encoding']);
+      if (encoded) {
+        done(encoded, undefined);
+        return;
+      }
       if (raw.length === 0) {
         done(null, {});
         return;
@@ -136,6 +152,11 @@ export function deferJsonErrors(app: FastifyInstance, verifier: KeyVerifier): vo
     'application/json',
     { parseAs: 'buffer' },
     (request, raw, done) => {
+      const encoded = encodingRefusal(request.headers['content-encoding']);
+      if (encoded) {
+        done(null, new UndecodableBody(encoded));
+        return;
+      }
       if (raw.length === 0) {
         const empty = new ServiceError('invalid_json', { message: 'The request body is empty.' });
         done(null, new UndecodableBody(empty));

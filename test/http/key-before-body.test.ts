@@ -136,6 +136,13 @@ describe('the key before the body', () => {
         status: 415,
         code: 'unsupported_media_type',
       },
+      // A compressed body (or a header that says so): refused, not read as JSON.
+      {
+        rawBody: '{"model":"m","messages":[]}',
+        headers: { ...JSON_TYPE, 'content-encoding': 'gzip' },
+        status: 415,
+        code: 'unsupported_media_type',
+      },
     ];
     for (const path of paths) {
       const exec = path.includes('/v1/exec/');
