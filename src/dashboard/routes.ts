@@ -38,6 +38,9 @@ import { IdpError } from './oidc.js';
 import { form, html, input, page, SCRIPT, STYLE, type Markup } from './pages.js';
 import { LOGIN_CHALLENGE_MS, newToken, sameToken, SESSION_MAX_MS } from './sessions.js';
 
+/** Largest body of the sign-in forms (bytes). */
+const SIGN_IN_BODY_BYTES = 16 * 1024;
+
 const SESSION = 'swy_session';
 const LOGIN = 'swy_login';
 const CSRF = 'swy_csrf';
@@ -265,7 +268,10 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       );
     });
 
-    app.post('/login', async (r, reply) => {
+    // Anyone may post these before signing in: a body is an e-mail and a password or
+    // a code, never the megabytes the API's limit allows.
+    const signIn = { bodyLimit: SIGN_IN_BODY_BYTES };
+    app.post('/login', signIn, async (r, reply) => {
       const csrf = r.cookies[CSRF];
       if (!csrf) throw new ServiceError('csrf_token_invalid');
       checkCsrf(r, csrf);
@@ -294,7 +300,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       );
     });
 
-    app.post('/login/2fa', async (r, reply) => {
+    app.post('/login/2fa', signIn, async (r, reply) => {
       const token = r.cookies[LOGIN];
       const c = await d.sessions.challenge(token);
       if (!c || !token) throw new ServiceError('login_expired');

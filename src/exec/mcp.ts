@@ -23,7 +23,7 @@ import { and, eq, sql } from 'drizzle-orm';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
-import { authenticateKey } from '../http/auth.js';
+import { authenticateKey, verifyKeyFirst } from '../http/auth.js';
 import { parseBody } from '../http/validate.js';
 import type { KeyVerifier } from '../keys/index.js';
 import { tables } from '../store/index.js';
@@ -358,7 +358,8 @@ export function mountMcp(
       { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
       reply,
     );
-  app.post(path, async (request, reply) => {
+  // The key is verified before the body is read (no body from a client without one).
+  app.post(path, { preParsing: verifyKeyFirst(verifier, 'exec') }, async (request, reply) => {
     const key = await keyOf(request, reply);
     const header = request.headers['x-exec-workspace-id'];
     const mcp = await loadSdk();

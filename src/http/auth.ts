@@ -147,17 +147,20 @@ function keyRefusal(
 
 /**
  * A `preParsing` hook for routes that check the key in their handler (inference,
- * whose handler looks the key up with the endpoint it needs anyway): the key is
+ * whose handler looks the key up with the endpoint it needs anyway; MCP): the key is
  * verified before the body is read, so a client without a valid key gets its 401
  * at once and cannot make the router receive and hold a body of up to the body
  * limit. The handler's `authenticateKey` uses this verification; its other checks
  * (address, project, scope, quota) stay where they were.
  */
-export function verifyKeyFirst(verifier: KeyVerifier): preParsingAsyncHookHandler {
+export function verifyKeyFirst(
+  verifier: KeyVerifier,
+  surface?: KeySurface,
+): preParsingAsyncHookHandler {
   return async (request) => {
     if (internalKeyOf(request)) return;
     const v = await storeCall(verifier.verify(request.headers.authorization));
-    if (v.status !== 'ok') throw keyRefusal(v.status, undefined);
+    if (v.status !== 'ok') throw keyRefusal(v.status, surface);
     request.keyVerification = v;
   };
 }

@@ -89,6 +89,12 @@ describe('dashboard sign-in and sessions', () => {
     });
     assert.equal(bare.status, 403);
     assert.equal(errorCode(bare), 'csrf_token_invalid');
+    // Anyone may post to the sign-in form: a body past 16 KiB is refused unread.
+    const huge = await v.send('POST', '/login', {
+      body: { email: 'csrf@example.com', password: 'p'.repeat(20_000) },
+    });
+    assert.equal(huge.status, 413);
+    assert.equal(errorCode(huge), 'payload_too_large');
     assert.equal(await v.login('csrf@example.com', PASSWORD), '/dashboard');
     await v.page('/account');
     for (const [path, body] of [

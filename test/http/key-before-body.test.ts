@@ -76,12 +76,17 @@ describe('the key before the body', () => {
     const head = (auth: string) =>
       `POST /${p.projectId}/main/v1/chat/completions HTTP/1.1\r\nHost: x\r\n` +
       `Content-Type: application/json\r\nContent-Length: 100\r\n${auth}\r\n{`;
-    // Embeddings and responses share the chat route's check.
-    for (const route of ['chat/completions', 'embeddings', 'responses']) {
-      const raw = head('').replace('chat/completions', route);
+    // Embeddings, responses and MCP share the chat route's check.
+    for (const [path, code] of [
+      ['main/v1/chat/completions', 'missing_api_key'],
+      ['main/v1/embeddings', 'missing_api_key'],
+      ['main/v1/responses', 'missing_api_key'],
+      ['v1/mcp', 'authentication_required'],
+    ] as const) {
+      const raw = head('').replace('main/v1/chat/completions', path);
       const refused = await answer(raw, /\r\n\r\n\{.*\}$/s, 5_000);
-      assert.match(refused, /^HTTP\/1\.1 401 /, route);
-      assert.match(refused, /"code":"missing_api_key"/);
+      assert.match(refused, /^HTTP\/1\.1 401 /, path);
+      assert.match(refused, new RegExp(`"code":"${code}"`), path);
     }
     const started = Date.now();
     const late = await answer(head(`Authorization: Bearer ${p.key}\r\n`), /\}$/);
