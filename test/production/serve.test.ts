@@ -378,29 +378,48 @@ describe('graceful drain on SIGTERM', () => {
     for (const d of dirs) rmSync(d, { recursive: true, force: true });
   });
 
-  it('finishes short requests, ends long streams with cancelled at the deadline, records usage, exits 0', async () => {
+  /**
+   * A router with `drainMs` in front of a sim worker of 200 ms per token, a project
+   * `name` with an endpoint `chat` on it, and a key: `chat(body)` posts a completion.
+   */
+  async function drainSetup(name: string, drainMs: number) {
     const dir = tmp();
     dirs.push(dir);
     const worker = spawnSwitchyard(
-      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', 'dm'],
+      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', name],
       {},
     );
     procs.push(worker);
     const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_DRAIN_MS: '1500' });
+    const { p, url } = await start({
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_DRAIN_MS: String(drainMs),
+    });
+    procs.push(p);
     const op = (path: string, body: unknown) =>
       http('POST', `${url}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
-    await op('/models', { name: 'dm', context_window: 4096 });
-    await op('/workers', { model: 'dm', tier: 'gpu', url: workerUrl });
-    const proj = await op('/projects', { slug: 'drain', name: 'Drain' });
-    await op('/projects/drain/endpoints', { slug: 'chat', name: 'Chat', model: 'dm', tier: 'gpu' });
-    const key = String((await op('/projects/drain/keys', {})).body.key);
+    await op('/models', { name, context_window: 4096 });
+    await op('/workers', { model: name, tier: 'gpu', url: workerUrl });
+    const proj = await op('/projects', { slug: name, name });
+    await op(`/projects/${name}/endpoints`, {
+      slug: 'chat',
+      name: 'Chat',
+      model: name,
+      tier: 'gpu',
+    });
+    const key = String((await op(`/projects/${name}/keys`, {})).body.key);
+    const path = `${url}/${String(proj.body.id)}/chat/v1/chat/completions`;
     const chat = (body: Record<string, unknown>) =>
-      fetch(`${url}/${String(proj.body.id)}/chat/v1/chat/completions`, {
+      fetch(path, {
         method: 'POST',
         headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
         body: JSON.stringify({ model: 'x', messages: [{ role: 'user', content: 'hi' }], ...body }),
       });
+    return { p, dir, path, key, chat };
+  }
+
+  it('finishes short requests, ends long streams with cancelled at the deadline, records usage, exits 0', async () => {
+    const { p, dir, chat } = await drainSetup('drain', 1500);
     // A long stream (50 tokens x 200 ms = 10 s) and a short one (2 tokens).
     const long = await chat({ stream: true, max_tokens: 50 });
     const longText = long.text();
@@ -439,26 +458,10 @@ describe('graceful drain on SIGTERM', () => {
   });
 
   it('a kept-alive connection whose request finished during the drain does not hold it to the deadline', async () => {
-    const dir = tmp();
-    dirs.push(dir);
-    const worker = spawnSwitchyard(
-      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', 'ka'],
-      {},
-    );
-    procs.push(worker);
-    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_DRAIN_MS: '20000' });
-    procs.push(p);
-    const op = (path: string, body: unknown) =>
-      http('POST', `${url}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
-    await op('/models', { name: 'ka', context_window: 4096 });
-    await op('/workers', { model: 'ka', tier: 'gpu', url: workerUrl });
-    const proj = await op('/projects', { slug: 'ka', name: 'KA' });
-    await op('/projects/ka/endpoints', { slug: 'chat', name: 'Chat', model: 'ka', tier: 'gpu' });
-    const key = String((await op('/projects/ka/keys', {})).body.key);
+    const { p, path, key } = await drainSetup('ka', 20_000);
     const agent = new Agent({ keepAliveTimeout: 60_000 });
     // About a second of generation, on a connection the client keeps open.
-    const pending = request(`${url}/${String(proj.body.id)}/chat/v1/chat/completions`, {
+    const pending = request(path, {
       method: 'POST',
       dispatcher: agent,
       headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
@@ -486,39 +489,9 @@ describe('graceful drain on SIGTERM', () => {
   });
 
   it('a second SIGTERM while draining exits at once with code 1', async () => {
-    const dir = tmp();
-    dirs.push(dir);
-    const worker = spawnSwitchyard(
-      ['worker', '--engine', 'sim', '--port', '0', '--tpot-ms', '200', '--model', 'dm2'],
-      {},
-    );
-    procs.push(worker);
-    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-    const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_DRAIN_MS: '60000' });
-    procs.push(p);
-    const op = (path: string, body: unknown) =>
-      http('POST', `${url}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
-    await op('/models', { name: 'dm2', context_window: 4096 });
-    await op('/workers', { model: 'dm2', tier: 'gpu', url: workerUrl });
-    const proj = await op('/projects', { slug: 'twice', name: 'Twice' });
-    await op('/projects/twice/endpoints', {
-      slug: 'chat',
-      name: 'Chat',
-      model: 'dm2',
-      tier: 'gpu',
-    });
-    const key = String((await op('/projects/twice/keys', {})).body.key);
+    const { p, chat } = await drainSetup('twice', 60_000);
     // A stream that would keep the drain waiting for 10 s.
-    const long = await fetch(`${url}/${String(proj.body.id)}/chat/v1/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'x',
-        messages: [{ role: 'user', content: 'hi' }],
-        stream: true,
-        max_tokens: 50,
-      }),
-    });
+    const long = await chat({ stream: true, max_tokens: 50 });
     void long.text().catch(() => undefined);
     const exited = once(p.child, 'exit');
     p.child.kill('SIGTERM');
