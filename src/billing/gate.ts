@@ -37,33 +37,34 @@ export class BillingGate {
     this.cache = new TtlCache(clock, ttlMs, 10_000, false);
   }
 
-  async check(projectId: string, priced: boolean): Promise<void> {
+  /**
+   * Refuses (402) or admits the request; `holdMicrocents` (what it may cost at most)
+   * is then held against the project's credit until the returned function is called,
+   * once the request has ended. The comparison and the hold happen in one step after
+   * the balance is read, so requests arriving together each see the others' holds.
+   */
+  async check(projectId: string, priced: boolean, holdMicrocents = 0): Promise<() => void> {
     const p = await this.cache.get(projectId, () => this.projects.getById(projectId));
-    if (!p) return;
+    if (!p) return NOTHING;
     if (p.billingStatus === 'delinquent') {
       throw new ServiceError('billing_delinquent', {
         message: 'The project has an unpaid balance; requests are refused until it is settled.',
       });
     }
-    if (priced && remainingMicrocents(p) - (this.reserved.get(projectId) ?? 0) <= 0) {
+    if (!priced) return NOTHING;
+    const held = this.reserved.get(projectId) ?? 0;
+    if (remainingMicrocents(p) - held <= 0) {
       throw new ServiceError('insufficient_quota', {
         message: 'You exceeded your current quota: the project has no remaining credit.',
       });
     }
-  }
-
-  /**
-   * Holds `microcents` of the project's credit for a request in flight; the returned
-   * function gives it back (once) when the request has ended and its usage is recorded.
-   */
-  reserve(projectId: string, microcents: number): () => void {
-    if (microcents <= 0) return NOTHING;
-    this.reserved.set(projectId, (this.reserved.get(projectId) ?? 0) + microcents);
-    let held = true;
+    if (holdMicrocents <= 0) return NOTHING;
+    this.reserved.set(projectId, held + holdMicrocents);
+    let holding = true;
     return () => {
-      if (!held) return;
-      held = false;
-      const left = (this.reserved.get(projectId) ?? 0) - microcents;
+      if (!holding) return;
+      holding = false;
+      const left = (this.reserved.get(projectId) ?? 0) - holdMicrocents;
       if (left > 0) this.reserved.set(projectId, left);
       else this.reserved.delete(projectId);
     };

@@ -206,8 +206,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     env: rawEnv,
     dataDir: resolve(env.SWITCHYARD_DATA_DIR || './data'),
     pgliteTemplate: nonEmpty(env.SWITCHYARD_PGLITE_TEMPLATE),
-    databaseUrl: url('DATABASE_URL', env.DATABASE_URL, ['postgres:', 'postgresql:']),
-    redisUrl: url('REDIS_URL', env.REDIS_URL, ['redis:', 'rediss:']),
+    // node-postgres also takes `socket:/path?db=…`; ioredis a Unix socket's path.
+    databaseUrl: url('DATABASE_URL', env.DATABASE_URL, ['postgres:', 'postgresql:', 'socket:']),
+    redisUrl: env.REDIS_URL?.startsWith('/')
+      ? env.REDIS_URL
+      : url('REDIS_URL', env.REDIS_URL, ['redis:', 'rediss:']),
     adminToken: nonEmpty(env.SWITCHYARD_ADMIN_TOKEN),
     secretKey: nonEmpty(env.SWITCHYARD_SECRET_KEY),
     idps: nonEmpty(env.SWITCHYARD_IDPS),

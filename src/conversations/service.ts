@@ -11,7 +11,7 @@
  * it through a shared conversation. An unbound key sees them all.
  */
 import { randomBytes } from 'node:crypto';
-import { and, asc, desc, eq, gt, isNull, lt } from 'drizzle-orm';
+import { and, asc, desc, eq, gt, isNull, lt, or } from 'drizzle-orm';
 import { ServiceError } from '../errors/index.js';
 import { listPage } from '../http/validate.js';
 import { emitEvent, type Tx } from '../events/outbox.js';
@@ -27,6 +27,12 @@ export type Item = Record<string, unknown> & { id: string };
 export interface ConversationScope {
   projectId: string;
   boundTo: string | null;
+  /**
+   * A response made through this endpoint reads and extends the conversation: then an
+   * unbound key too may use only this endpoint's conversations or the project alias's,
+   * so that no endpoint's turn lands where a key bound to another would read it.
+   */
+  through?: string;
 }
 
 /** The live conversation `id` as `scope` sees it. */
@@ -35,7 +41,11 @@ function conversationOf(scope: ConversationScope, id: string) {
     eq(conversations.id, id),
     eq(conversations.projectId, scope.projectId),
     isNull(conversations.deletedAt),
-    scope.boundTo === null ? undefined : eq(conversations.endpointId, scope.boundTo),
+    scope.boundTo !== null
+      ? eq(conversations.endpointId, scope.boundTo)
+      : scope.through !== undefined
+        ? or(isNull(conversations.endpointId), eq(conversations.endpointId, scope.through))
+        : undefined,
   );
 }
 

@@ -233,15 +233,57 @@ export class ChatCompletions {
       checkBridgeRequest(req, endpoint.capabilities, endpoint.modelName);
     }
     requireCapabilities(req, endpoint);
-    const priced = endpoint.promptPriceCentsPerMtok > 0 || endpoint.completionPriceCentsPerMtok > 0;
-    await d.billing.check(key.projectId, priced);
-
     const promptTokens = estimatePromptTokens(req.messages, req.tools);
     const clamp = clampMaxTokens({
       requested: req.maxTokens,
       promptTokens,
       contextWindow: endpoint.contextWindow,
     });
+    // What the request may cost at most holds the project's credit until it ends
+    // (billing/gate.ts): requests admitted meanwhile, queued ones included, see it spent.
+    const priced = endpoint.promptPriceCentsPerMtok > 0 || endpoint.completionPriceCentsPerMtok > 0;
+    const release = await d.billing.check(
+      key.projectId,
+      priced,
+      priced
+        ? costMicrocents(
+            { promptTokens, completionTokens: clamp.value * (req.n ?? 1) },
+            endpoint,
+            tier.priceMultiplier * (req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1),
+          )
+        : 0,
+    );
+    try {
+      await this.admitted(request, reply, {
+        key,
+        endpoint,
+        tier,
+        req,
+        startedAt,
+        promptTokens,
+        clamp,
+      });
+    } finally {
+      release();
+    }
+  };
+
+  /** The request once the billing gate let it in: routing, the worker, the answer. */
+  private async admitted(
+    request: FastifyRequest,
+    reply: FastifyReply,
+    a: {
+      key: KeyRecord;
+      endpoint: Endpoint;
+      tier: Tier;
+      req: ChatRequest;
+      startedAt: number;
+      promptTokens: number;
+      clamp: ReturnType<typeof clampMaxTokens>;
+    },
+  ): Promise<void> {
+    const d = this.d;
+    const { key, endpoint, tier, req, startedAt, promptTokens, clamp } = a;
     const deadlineAt = startedAt + tier.requestDeadlineMs;
     const candidates = await d.pool.candidates(endpoint.modelId, endpoint.tierId);
     const slo = parseSloHeaders(request.headers);
@@ -300,18 +342,6 @@ export class ChatCompletions {
       tried: new Set([worker.id]),
       sent: false,
     };
-    // What the request may cost at most holds the project's credit while it runs
-    // (billing/gate.ts): requests admitted meanwhile see it spent.
-    const release = priced
-      ? d.billing.reserve(
-          key.projectId,
-          costMicrocents(
-            { promptTokens, completionTokens: clamp.value * (req.n ?? 1) },
-            endpoint,
-            tier.priceMultiplier * (req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1),
-          ),
-        )
-      : null;
     try {
       if (req.xExec && d.exec) await this.bridge(run, d.exec);
       else if (req.stream) await this.stream(run);
@@ -319,9 +349,8 @@ export class ChatCompletions {
     } finally {
       // Normally released by `record`; this covers a throw before it.
       d.pool.abandon(run.lease);
-      release?.();
     }
-  };
+  }
 
   /** `x_exec: true`: the tool bridge runs the rounds (src/inference/bridge.ts). */
   private bridge(run: Run, exec: ExecService): Promise<void> {

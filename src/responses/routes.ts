@@ -181,7 +181,7 @@ class ResponsesApi {
     }
     if (r.conversationId !== null) {
       const items = await this.conversations.allItems(
-        { projectId: key.projectId, boundTo: key.endpointId },
+        { projectId: key.projectId, boundTo: key.endpointId, through: endpoint.id },
         r.conversationId,
       );
       if (!items) {
@@ -359,7 +359,7 @@ class ResponsesApi {
       if (r.conversationId !== null && status !== 'failed') {
         // The turn joins the conversation: what was said, then what the model answered.
         await this.conversations.append(
-          { projectId: key.projectId, boundTo: key.endpointId },
+          { projectId: key.projectId, boundTo: key.endpointId, through: endpoint.id },
           r.conversationId,
           [...stored, ...(output as Item[])],
           tx,

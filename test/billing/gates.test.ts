@@ -90,18 +90,26 @@ describe('billing gate: requests in flight hold credit', () => {
 
   it('long requests started together cannot overrun the credit: 402 once their maximum is held', async () => {
     // Each may cost (prompt estimate + 10 tokens) x 0.1 cent, about 2 cents; nothing
-    // is spent on record until one ends.
+    // is spent on record until one ends. Streamed, each resolves with its headers:
+    // admitted, waiting for its first token on the fake clock.
     const body = {
       model: 'x',
       messages: [{ role: 'user' as const, content: 'a long one' }],
       max_tokens: 10,
       stream: true as const,
     };
-    const open = [];
-    for (let i = 0; i < 3; i++) {
-      // Resolves with the stream's headers: admitted, waiting for its first token.
-      const s = await f.client.chat.completions.create(body);
-      open.push(s[Symbol.asyncIterator]());
+    // Six at once, the balance not yet cached: each sees the others' holds (the
+    // balance is read once for all, then each compares and holds in one step).
+    const all = await Promise.allSettled(
+      Array.from({ length: 6 }, () => f.client.chat.completions.create(body)),
+    );
+    const open = all.flatMap((r) =>
+      r.status === 'fulfilled' ? [r.value[Symbol.asyncIterator]()] : [],
+    );
+    const refusals = all.flatMap((r) => (r.status === 'rejected' ? [r.reason as unknown] : []));
+    assert.equal(open.length, 3, 'three fit in 5 cents at about 2 cents held each');
+    for (const e of refusals) {
+      assert.ok(e instanceof OpenAI.APIError && e.status === 402, String(e));
     }
     // Admitted, it would wait for the fake clock: bounded so that a regression fails.
     const refused = await f.client.chat.completions
@@ -122,6 +130,50 @@ describe('billing gate: requests in flight hold credit', () => {
       f.server.clock.advance(1_000);
     }
     await Promise.all(ends);
+    assert.equal(f.server.services.billing['reserved'].size, 0);
+  });
+});
+
+describe('billing gate: requests waiting in the router queue hold credit too', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    // One request at a time to the worker: the others wait in the router's queue.
+    f = await inferenceFixture({
+      tier: 'gpu',
+      prices: [100_000, 100_000],
+      creditCents: 5,
+      simOnFakeClock: true,
+      sim: { tpotMs: 1_000 },
+      env: { SWITCHYARD_WORKER_MAX_INFLIGHT: '1', SWITCHYARD_ROUTER_QUEUE_TIMEOUT_MS: '600000' },
+    });
+  });
+  after(() => f.close());
+
+  it('a burst is admitted only as far as the credit holds, queued requests included', async () => {
+    // Each may cost (prompt estimate + 5 tokens) x 0.1 cent, about 1.9 cents.
+    const all = Promise.allSettled(
+      Array.from({ length: 6 }, () =>
+        f.client.chat.completions.create({
+          model: 'x',
+          messages: [{ role: 'user', content: 'a long one' }],
+          max_tokens: 5,
+        }),
+      ),
+    );
+    let settled = false;
+    void all.then(() => (settled = true));
+    // Time passes for the requests that got through, one at a time.
+    for (let i = 0; i < 400 && !settled; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      f.server.clock.advance(500);
+    }
+    const results = await all;
+    const served = results.filter((r) => r.status === 'fulfilled').length;
+    const refused = results.flatMap((r) =>
+      r.status === 'rejected' && r.reason instanceof OpenAI.APIError ? [r.reason.status] : [],
+    );
+    assert.equal(served, 3, JSON.stringify(results.map((r) => r.status)));
+    assert.deepEqual(refused, [402, 402, 402]);
     assert.equal(f.server.services.billing['reserved'].size, 0);
   });
 });

@@ -215,6 +215,22 @@ describe('Conversations API', () => {
     }).conversations.create({});
     await missing(one.conversations.retrieve(alias.id));
     assert.equal((await f.client.conversations.retrieve(alias.id)).id, alias.id);
+    // An unbound key's response through another endpoint does not carry that endpoint's
+    // turn into endpoint two's conversation (where two's key would read it)...
+    const turnOf = (conversation: string) =>
+      f.client.responses
+        .create({ model: 'x', input: 'hi', conversation, max_output_tokens: 16 })
+        .then(
+          (r) => r,
+          (e: unknown) => e,
+        );
+    const across = await turnOf(conv.id);
+    assert.ok(across instanceof OpenAI.BadRequestError, String(across));
+    assert.equal(across.param, 'conversation');
+    assert.equal((await two.conversations.items.list(conv.id)).data.length, 2);
+    // ...while the project alias's conversations take turns through any endpoint.
+    const aliasTurn = await turnOf(alias.id);
+    assert.ok(!(aliasTurn instanceof Error), String(aliasTurn));
   });
 
   it('responses in a conversation: the history reaches the worker, each turn is added', async () => {
