@@ -112,11 +112,11 @@ export class ModelRepository {
   }
 
   /**
-   * A live model by name, if `projectId` (as for `list`) may see it; the project's
-   * own before the platform's. Omitted `projectId`: any live model of that name
-   * (project models' names repeat across projects: see `named`).
+   * A live model by name that `projectId` may see (`null`: the platform's only); the
+   * project's own before the platform's. Names repeat across projects, so there is no
+   * lookup by name alone: `named` lists them all.
    */
-  async findByName(name: string, projectId?: string | null): Promise<ModelRecord | null> {
+  async findByName(name: string, projectId: string | null): Promise<ModelRecord | null> {
     const rows = await this.db
       .select()
       .from(models)

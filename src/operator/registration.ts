@@ -38,14 +38,13 @@ import {
 } from '../routing/registry.js';
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
-import { workerModel, workerUrl } from './worker-fields.js';
+import { workerModel, workerProject, workerUrl } from './worker-fields.js';
 import { TIER_IDS } from '../tiers/index.js';
 
 const registerBody = z
   .object({
     model: z.string().min(1).max(200),
-    /** The project whose own model `model` names (see worker-fields.ts). */
-    project: z.string().min(1).max(200).optional(),
+    project: workerProject,
     tier: z.enum(TIER_IDS),
     url: workerUrl,
     capacity: z.number().int().min(1).max(1_000_000).optional(),

@@ -21,7 +21,7 @@ import {
 import type { Services } from '../runtime/services.js';
 import { isUniqueViolation } from '../store/index.js';
 import { TIER_IDS, type TierId } from '../tiers/index.js';
-import { workerModel, workerUrl } from './worker-fields.js';
+import { workerModel, workerProject, workerUrl } from './worker-fields.js';
 
 const slug = z.string().regex(SLUG_PATTERN, 'must be lowercase letters, digits and dashes');
 /** `v1` would shadow the project-level routes (`/<project_id>/v1/...`). */
@@ -82,8 +82,7 @@ const patchProjectBody = z
 const createWorkerBody = z
   .object({
     model: z.string().min(1).max(MODEL_NAME_MAX),
-    /** The project whose own model `model` names (see worker-fields.ts). */
-    project: z.string().min(1).max(200).optional(),
+    project: workerProject,
     tier: z.enum(TIER_IDS),
     url: workerUrl,
     scheduling_policy: z.enum(SCHEDULING_POLICIES).optional(),

@@ -30,6 +30,9 @@ export const workerUrl = z
     return !parsed || (parsed.username === '' && parsed.password === '');
   }, 'must not hold a user name or password');
 
+/** The project whose own model a worker's `model` names, when projects share the name. */
+export const workerProject = z.string().min(1).max(200).optional();
+
 export async function workerModel(
   s: Services,
   name: string,
