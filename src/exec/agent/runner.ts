@@ -13,7 +13,9 @@
  * Time here is real (the tool is a real process); the callers keep it short in tests.
  */
 import { spawn } from 'node:child_process';
+import type { Socket } from 'node:net';
 import { constants } from 'node:os';
+import type { Writable } from 'node:stream';
 import { performance } from 'node:perf_hooks';
 import type { DispatchOutcome } from '../contracts.js';
 
@@ -79,7 +81,7 @@ class Reaper {
   private static current: Reaper | null = null;
   private alive = true;
 
-  private constructor(private readonly stdin: NodeJS.WritableStream & { unref?(): void }) {}
+  private constructor(private readonly stdin: Writable) {}
 
   /** This process's reaper, started on first use (again if it died). */
   static get(killGraceMs: number): Reaper {
@@ -99,9 +101,10 @@ class Reaper {
     child.on('error', dead);
     child.on('exit', dead);
     child.stdin.on('error', dead);
-    // Neither the reaper nor its pipe keeps the agent running.
+    // Neither the reaper nor its pipe (a socket, though typed as a Writable) keeps the
+    // agent running.
     child.unref();
-    (child.stdin as unknown as { unref(): void }).unref();
+    (child.stdin as Writable & Pick<Socket, 'unref'>).unref();
     Reaper.current = reaper;
     return reaper;
   }
