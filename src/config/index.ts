@@ -23,6 +23,8 @@ export interface Config {
    * starts from instead of an empty cluster; ignored once the database exists.
    */
   pgliteTemplate: string | undefined;
+  /** The embedded database's PostgreSQL `shared_buffers` (e.g. `16MB`); unset: 128MB. */
+  pgliteSharedBuffers: string | undefined;
   databaseUrl: string | undefined;
   redisUrl: string | undefined;
   adminToken: string | undefined;
@@ -182,6 +184,23 @@ function checked<T>(name: string, value: T, check: (v: T) => unknown): T {
   return value;
 }
 
+/**
+ * A PostgreSQL memory size as postgresql.conf writes one (`16MB`), of at least 128 kB
+ * (PostgreSQL's minimum for shared_buffers).
+ */
+function memorySize(name: string, raw: string | undefined): string | undefined {
+  const v = nonEmpty(raw);
+  if (v === undefined) return undefined;
+  const m = /^[1-9]\d*(kB|MB|GB)$/.exec(v);
+  const kb = m ? Number.parseInt(v, 10) * { kB: 1, MB: 1024, GB: 1024 * 1024 }[m[1] as 'kB'] : 0;
+  if (!(kb >= 128)) {
+    throw new ConfigError(
+      `${name} must be a size of at least 128kB such as 16MB, got ${JSON.stringify(v)}`,
+    );
+  }
+  return v;
+}
+
 const LOG_LEVELS = ['info', 'fatal', 'error', 'warn', 'debug', 'trace', 'silent'] as const;
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
@@ -206,6 +225,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     env: rawEnv,
     dataDir: resolve(env.SWITCHYARD_DATA_DIR || './data'),
     pgliteTemplate: nonEmpty(env.SWITCHYARD_PGLITE_TEMPLATE),
+    pgliteSharedBuffers: memorySize(
+      'SWITCHYARD_PGLITE_SHARED_BUFFERS',
+      env.SWITCHYARD_PGLITE_SHARED_BUFFERS,
+    ),
     // node-postgres also takes `socket:/path?db=…`; ioredis a Unix socket's path.
     databaseUrl: url('DATABASE_URL', env.DATABASE_URL, ['postgres:', 'postgresql:', 'socket:']),
     redisUrl: env.REDIS_URL?.startsWith('/')

@@ -125,6 +125,7 @@ export async function createServices(
         config.pgliteTemplate && !config.databaseUrl
           ? new Uint8Array(readFileSync(config.pgliteTemplate))
           : undefined,
+      pgliteSharedBuffers: config.pgliteSharedBuffers,
     }));
   const keys = new KeyRepository(store.db);
   const endpoints = new EndpointRepository(store.db);

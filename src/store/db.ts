@@ -19,6 +19,7 @@ import { sql } from 'drizzle-orm';
 import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
 import * as schema from './schema.js';
 import type { PGlite as PGliteClient, PGliteOptions } from '@electric-sql/pglite';
+import type { PgliteOpen } from './pglite-options.js';
 
 export type Schema = typeof schema;
 export type Db = PgDatabase<PgQueryResultHKT, Schema>;
@@ -57,14 +58,26 @@ export interface OpenStoreOptions {
    * hundreds of databases this way (SWITCHYARD_PGLITE_TEMPLATE for processes).
    */
   pgliteFrom?: Uint8Array | undefined;
+  /** PGlite: PostgreSQL's `shared_buffers` (e.g. `16MB`); its default, 128MB, when unset. */
+  pgliteSharedBuffers?: string | undefined;
 }
 
 export async function openStore(opts: OpenStoreOptions): Promise<Store> {
   if (opts.databaseUrl) return openPostgres(opts.databaseUrl, opts.poolSize ?? 10);
-  return openPglite(opts.dataDir, opts.pgliteThread ?? true, opts.pgliteFrom);
+  return openPglite(
+    opts.dataDir,
+    opts.pgliteThread ?? true,
+    opts.pgliteFrom,
+    opts.pgliteSharedBuffers,
+  );
 }
 
-async function openPglite(dataDir: string, thread: boolean, from?: Uint8Array): Promise<Store> {
+async function openPglite(
+  dataDir: string,
+  thread: boolean,
+  from: Uint8Array | undefined,
+  sharedBuffers: string | undefined,
+): Promise<Store> {
   let dir = 'memory://';
   let unlock = () => {};
   if (dataDir !== 'memory://') {
@@ -75,36 +88,28 @@ async function openPglite(dataDir: string, thread: boolean, from?: Uint8Array): 
     if (existsSync(join(dir, 'PG_VERSION'))) from = undefined;
   }
   try {
-    return await openPgliteIn(dir, thread, from, unlock);
+    return await openPgliteIn({ dataDir: dir, from, sharedBuffers }, thread, unlock);
   } catch (err) {
     unlock();
     throw err;
   }
 }
 
-async function openPgliteIn(
-  dir: string,
-  thread: boolean,
-  from: Uint8Array | undefined,
-  unlock: () => void,
-): Promise<Store> {
+async function openPgliteIn(opts: PgliteOpen, thread: boolean, unlock: () => void): Promise<Store> {
   const { drizzle } = await import('drizzle-orm/pglite');
   const { migrate } = await import('drizzle-orm/pglite/migrator');
   let client: { close(): Promise<void> };
   let db;
   if (thread) {
     const { PgliteThreadClient } = await import('./pglite-thread.js');
-    const c = await PgliteThreadClient.open(dir, from);
+    const c = await PgliteThreadClient.open(opts);
     client = c;
     // The thread client has the two methods drizzle's PGlite session calls.
     db = drizzle({ client: c as unknown as PGliteClient, schema });
   } else {
     const { PGlite } = await import('@electric-sql/pglite');
-    const c = new PGlite({
-      ...(dir === 'memory://' ? {} : { dataDir: dir }),
-      ...(from ? { loadDataDir: new Blob([from]) } : {}),
-      ...(await pgliteAssets()),
-    });
+    const { pgliteOptions } = await import('./pglite-options.js');
+    const c = new PGlite({ ...pgliteOptions(opts), ...(await pgliteAssets()) });
     client = c;
     db = drizzle({ client: c, schema });
   }
@@ -190,9 +195,10 @@ let assets: Promise<PgliteAssets> | undefined;
 function pgliteAssets(): Promise<PgliteAssets> {
   assets ??= (async () => {
     const dist = dirname(createRequire(import.meta.url).resolve('@electric-sql/pglite'));
+    const { bytesAsBlob } = await import('./pglite-options.js');
     return {
       pgliteWasmModule: await WebAssembly.compile(readFileSync(join(dist, 'pglite.wasm'))),
-      fsBundle: new Blob([readFileSync(join(dist, 'pglite.data'))]),
+      fsBundle: bytesAsBlob(readFileSync(join(dist, 'pglite.data'))),
     };
   })();
   return assets;

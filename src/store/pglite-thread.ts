@@ -13,6 +13,7 @@
  * PGlite version and adds a wire-protocol hop.
  */
 import { Worker } from 'node:worker_threads';
+import type { PgliteOpen } from './pglite-options.js';
 
 type RowMode = 'array' | 'object';
 
@@ -79,16 +80,16 @@ export class PgliteThreadClient {
   }
 
   /** `from`: a data directory dump to start from (see OpenStoreOptions.pgliteFrom). */
-  static async open(dataDir: string, from?: Uint8Array): Promise<PgliteThreadClient> {
+  static async open(opts: PgliteOpen): Promise<PgliteThreadClient> {
     const url = workerUrl();
     const worker = url.pathname.endsWith('.ts')
       ? // Under tsx (the tests), the worker registers the TypeScript loader first:
         // Node 20 does not apply `--import` hooks to a worker's entry module.
         new Worker(
           `import('tsx/esm/api').then((m) => { m.register(); return import(${JSON.stringify(url.href)}); })`,
-          { eval: true, workerData: { dataDir, from } },
+          { eval: true, workerData: opts },
         )
-      : new Worker(url, { workerData: { dataDir, from } });
+      : new Worker(url, { workerData: opts });
     await new Promise<void>((resolve, reject) => {
       const onMessage = (r: Reply) => {
         if (r.id !== 0) return;

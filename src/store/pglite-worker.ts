@@ -7,10 +7,10 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { PGlite, types, type Transaction } from '@electric-sql/pglite';
+import { pgliteOptions, type PgliteOpen } from './pglite-options.js';
 import type { Reply, Request } from './pglite-thread.js';
 
 const port = parentPort!;
-const { dataDir, from } = workerData as { dataDir: string; from?: Uint8Array };
 
 // The parsers drizzle-orm's PGlite driver passes on every query: dates,
 // timestamps and intervals stay strings (drizzle maps them itself).
@@ -51,10 +51,7 @@ function serializeError(err: unknown): Record<string, unknown> {
 }
 
 async function main(): Promise<void> {
-  const pg = new PGlite({
-    ...(dataDir === 'memory://' ? {} : { dataDir }),
-    ...(from ? { loadDataDir: new Blob([from]) } : {}),
-  });
+  const pg = new PGlite(pgliteOptions(workerData as PgliteOpen));
   await pg.waitReady;
   send({ id: 0, ok: true, value: null });
 

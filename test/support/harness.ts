@@ -16,7 +16,7 @@ import { FakeClock } from '../../src/runtime/clock.js';
 import { createLogger } from '../../src/runtime/logger.js';
 import { createServices, type Services } from '../../src/runtime/services.js';
 import { openStore, type Store } from '../../src/store/index.js';
-import { pgliteTemplate } from './pglite-template.js';
+import { pgliteTemplate, TEST_PGLITE_SHARED_BUFFERS } from './pglite-template.js';
 
 export const ADMIN_TOKEN = 'test-operator-token';
 
@@ -50,6 +50,7 @@ export async function freshDatabase(
       dataDir: 'memory://',
       pgliteFrom: await pgliteTemplate(),
       pgliteThread: opts.thread ?? false,
+      pgliteSharedBuffers: TEST_PGLITE_SHARED_BUFFERS,
     });
     return { store, url: undefined, drop: () => store.close() };
   }

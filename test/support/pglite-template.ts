@@ -38,6 +38,13 @@ export function pgliteTemplatePath(): string {
   return join(root, '.tmp', `pglite-template-${h.digest('hex').slice(0, 16)}.tar`);
 }
 
+/**
+ * The test databases' `shared_buffers` (SWITCHYARD_PGLITE_SHARED_BUFFERS): PostgreSQL's
+ * default 128MB buffer pool is initialised at every open, about 0.4 s of CPU each
+ * on 2 cores, and a test database holds a few hundred kilobytes.
+ */
+export const TEST_PGLITE_SHARED_BUFFERS = '8MB';
+
 let made: Promise<Uint8Array> | undefined;
 
 /** The template's bytes, made first if needed. */

@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { pgliteTemplatePath } from './pglite-template.js';
+import { pgliteTemplatePath, TEST_PGLITE_SHARED_BUFFERS } from './pglite-template.js';
 
 export const BIN = resolve(import.meta.dirname, '..', '..', 'bin', 'switchyard.js');
 
@@ -24,6 +24,7 @@ export function baseEnv(): Record<string, string> {
   const env: Record<string, string> = {
     PATH: process.env.PATH ?? '',
     HOME: process.env.HOME ?? '',
+    SWITCHYARD_PGLITE_SHARED_BUFFERS: TEST_PGLITE_SHARED_BUFFERS,
   };
   const template = pgliteTemplatePath();
   if (existsSync(template)) env.SWITCHYARD_PGLITE_TEMPLATE = template;
