@@ -44,6 +44,12 @@ export const catalogue = {
   invalid_json: e(400, 'invalid_request_error', false, 'The request body is not valid JSON.'),
   malformed_request: e(400, 'invalid_request_error', false, 'The HTTP request is malformed.'),
   headers_too_large: e(431, 'invalid_request_error', false, 'The request headers are too large.'),
+  expectation_failed: e(
+    417,
+    'invalid_request_error',
+    false,
+    "The request's Expect header cannot be met.",
+  ),
   unsupported_media_type: e(
     415,
     'invalid_request_error',

@@ -5,7 +5,12 @@
  * the app closes, new requests get 503 `unavailable` in the error envelope.
  */
 import { randomUUID } from 'node:crypto';
-import { STATUS_CODES } from 'node:http';
+import {
+  STATUS_CODES,
+  type IncomingMessage,
+  type Server as HttpServer,
+  type ServerResponse,
+} from 'node:http';
 import { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
@@ -49,6 +54,18 @@ export interface AppOptions {
   /** Register the dashboard's pages (the `dashboard` role). */
   dashboard?: boolean;
 }
+
+/**
+ * Node's HTTP server settings (for HTTPS as well).
+ * - `joinDuplicateHeaders`: Node keeps the first of two `Authorization` headers and
+ *   drops the second without a word, so a request carrying two credentials was served
+ *   as whichever came first. Joined (`Bearer a, Bearer b`) they are no one key and
+ *   are refused 401 as a malformed key; RFC 9110 §5.3 forbids repeating a field that
+ *   is not a list. Other repeated fields are joined as lists are.
+ * - `requireHostHeader: false`: Node answers an HTTP/1.1 request without `Host` with
+ *   a bare 400 of its own; the onRequest hook below answers it in the envelope.
+ */
+const NODE_HTTP = { joinDuplicateHeaders: true, requireHostHeader: false } as const;
 
 /** Probes and scrapes stay reachable over plain HTTP inside the cluster. */
 const PLAIN_HTTP_PATHS = new Set(['/healthz', '/readyz', '/metrics']);
@@ -148,6 +165,53 @@ function tlsClientError(production: boolean, err: Error & { code?: string }, tls
   tls.destroy();
 }
 
+/**
+ * `Expect` on a request (RFC 9110 §10.1.1), which Node answers itself unless told
+ * otherwise: `100-continue` with an interim `100 Continue` at once, anything else with
+ * a bare 417.
+ * - A client sends `Expect: 100-continue` to learn whether its body is wanted before
+ *   sending it. On the project surfaces the key decides that, before the body is read
+ *   (the key-before-body hooks): a request whose key does not verify gets no
+ *   `100 Continue`, only its 401 (or 403/503), so a refused client need not send a
+ *   body nobody will read. Elsewhere, and with a key that verifies, 100 at once.
+ * - Any other expectation: 417 `expectation_failed` in the envelope, then closed.
+ */
+function expectations(server: HttpServer, services: Services, production: boolean): void {
+  const handOn = (req: IncomingMessage, res: ServerResponse) => server.emit('request', req, res);
+  server.on('checkContinue', (req: IncomingMessage, res: ServerResponse) => {
+    if (!PROJECT_PATH.test(req.url ?? '')) {
+      res.writeContinue();
+      handOn(req, res);
+      return;
+    }
+    services.verifier.verify(req.headers.authorization).then(
+      (v) => {
+        if (v.status === 'ok') res.writeContinue();
+        handOn(req, res);
+      },
+      // The key store is unreachable: the route's own check answers (503).
+      () => handOn(req, res),
+    );
+  });
+  server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+    const error = new ServiceError('expectation_failed', {
+      message: `The Expect header '${String(req.headers.expect).slice(0, 64)}' cannot be met; only 100-continue is supported.`,
+    });
+    const body = JSON.stringify(error.toEnvelope());
+    res.writeHead(error.status, {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(body),
+      'x-request-id': requestId(req.url),
+      connection: 'close',
+      ...(production ? { 'strict-transport-security': HSTS } : {}),
+    });
+    res.end(body);
+  });
+}
+
+/** A path on a project's surface (`/<project_id>/…`), where an API key is the credential. */
+const PROJECT_PATH = /^\/proj_[^/?]+\//;
+
 function httpsRequired(): ServiceError {
   return new ServiceError('https_required', {
     message: 'Plain HTTP is refused in production; use https:// (or a trusted TLS proxy).',
@@ -202,7 +266,9 @@ export async function buildApp(
     ? proxyAddr.compile(services.config.trustedProxies)
     : null;
   const app = Fastify({
-    ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
+    ...(opts.tls
+      ? { https: { cert: opts.tls.cert, key: opts.tls.key, ...NODE_HTTP } }
+      : { http: NODE_HTTP }),
     loggerInstance: services.logger as FastifyBaseLogger,
     // One log line per request (onResponse below) instead of Fastify's two.
     logController: new LogController({
@@ -243,6 +309,7 @@ export async function buildApp(
       tlsClientError(production, err, tls),
     );
   }
+  expectations(app.server, services, production);
   // Node looks for requests past their timeout every 30 s: a shorter timeout is
   // looked at every half of it (read by the server when it starts listening). And
   // Node enforces neither timeout when the headers' (60 s) exceeds the request's.
@@ -276,6 +343,14 @@ export async function buildApp(
     }
     if (production && plainHttp(request)) {
       done(httpsRequired());
+      return;
+    }
+    if (request.headers.host === undefined && request.raw.httpVersion === '1.1') {
+      done(
+        new ServiceError('malformed_request', {
+          message: 'An HTTP/1.1 request must carry a Host header.',
+        }),
+      );
       return;
     }
     done();
