@@ -358,6 +358,11 @@ async function startDemoWorker(
         modelPath: path,
         modelName,
         contextSize: DEMO_CONTEXT_WINDOW,
+        onFailure: (err, requestId) =>
+          logger.error(
+            { err, request_id: requestId, worker: 'embedded' },
+            'demo worker failed a request',
+          ),
       });
     } catch (err) {
       logger.warn({ err }, 'llama.cpp demo worker failed to start; using the simulator instead');

@@ -140,18 +140,18 @@ export async function worker(argv: string[]): Promise<number> {
       return 2;
     }
   }
+  // One JSON line per event, as the router logs (pino); written at once, since a
+  // worker logs a few lines a lifetime and its failures, not one per request.
+  const logger = createLogger(
+    process.env.LOG_LEVEL || 'info',
+    pino.destination({ dest: 1, sync: true }),
+    'switchyard-worker',
+  );
   /** Registers when asked, then serves until SIGTERM/SIGINT (draining first). */
   const serve = async (
     w: { url: string; server: Server; close(): Promise<void> },
     model: string,
   ): Promise<number> => {
-    // One JSON line per event, as the router logs (pino); written at once, since a
-    // worker logs a few lines a lifetime, not one per request.
-    const logger = createLogger(
-      process.env.LOG_LEVEL || 'info',
-      pino.destination({ dest: 1, sync: true }),
-      'switchyard-worker',
-    );
     const log = (line: string) => logger.info(line);
     const inFlight = new InFlight();
     inFlight.track(w.server);
@@ -244,6 +244,7 @@ export async function worker(argv: string[]): Promise<number> {
       port: num('port', values.port, 8000),
       modelPath,
       tracing,
+      onFailure: (err, requestId) => logger.error({ err, request_id: requestId }, 'request failed'),
       ...(modelName ? { modelName } : {}),
       ...(values['context-window']
         ? { contextSize: num('context-window', values['context-window'], 4096) }

@@ -48,6 +48,12 @@ export interface LlamaWorkerOptions extends LlamaEngineOptions {
   port?: number;
   /** Largest accepted request body. Default 32 MiB. */
   maxBodyBytes?: number;
+  /**
+   * Told of every failure that is the worker's own (a 5xx answered, or a stream ended
+   * by an error after its headers), with the request's id: the client sees only the
+   * envelope, so this is where an operator finds the cause. Absent: not logged.
+   */
+  onFailure?: (err: unknown, requestId: string | undefined) => void;
 }
 
 export interface LlamaWorker {
@@ -296,9 +302,15 @@ class StreamWriter {
 /** Builds the request listener; `startLlamaWorker` mounts it on a server. */
 export function createLlamaHandler(
   engine: LlamaEngine,
-  opts: { maxBodyBytes?: number } = {},
+  opts: Pick<LlamaWorkerOptions, 'maxBodyBytes' | 'onFailure'> = {},
 ): RequestListener {
   const maxBody = opts.maxBodyBytes ?? 32 * 1024 * 1024;
+  /** `sendError`, telling `onFailure` of the worker's own failures (5xx). */
+  const fail = (res: ServerResponse, err: unknown, requestId?: string): void => {
+    const e = toServiceError(err);
+    if (e.status >= 500) opts.onFailure?.(err, requestId);
+    sendError(res, e, requestId);
+  };
   const info = engine.info();
   const createdAt = Math.floor(Date.now() / 1000);
 
@@ -316,7 +328,7 @@ export function createLlamaHandler(
       }
       request = parseChatRequest(body);
     } catch (err) {
-      sendError(res, err, id);
+      fail(res, err, id);
       return;
     }
     const meta: ResponseMeta = {
@@ -336,7 +348,7 @@ export function createLlamaHandler(
         if (!res.destroyed)
           sendJson(res, 200, completionBody(meta, result), { 'x-request-id': id });
       } catch (err) {
-        if (!res.destroyed) sendError(res, err, id);
+        if (!res.destroyed) fail(res, err, id);
       }
       return;
     }
@@ -358,8 +370,10 @@ export function createLlamaHandler(
       if (!res.destroyed) writer.end(result);
     } catch (err) {
       if (res.destroyed) return;
-      if (res.headersSent) writer.fail(err);
-      else sendError(res, err, id);
+      if (res.headersSent) {
+        opts.onFailure?.(err, id);
+        writer.fail(err);
+      } else fail(res, err, id);
     }
   }
 
@@ -374,13 +388,13 @@ export function createLlamaHandler(
       {
         maxBody,
         tooLarge: (r) =>
-          sendError(
+          fail(
             r,
             new ServiceError('payload_too_large', {
               message: `The request body exceeds ${maxBody} bytes.`,
             }),
           ),
-        failed: (r, err) => sendError(r, err),
+        failed: (r, err) => fail(r, err),
       },
       then,
     );
@@ -441,7 +455,7 @@ export function createLlamaHandler(
       return;
     }
     req.resume();
-    sendError(res, new ServiceError(route ? 'method_not_allowed' : 'route_not_found'));
+    fail(res, new ServiceError(route ? 'method_not_allowed' : 'route_not_found'));
   };
 }
 
