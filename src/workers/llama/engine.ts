@@ -320,6 +320,8 @@ interface Plan {
     functions: ChatModelFunctions | undefined;
     parallel: boolean;
     wrapper: ChatWrapper;
+    /** The function a forced call must be to (a named choice, or `required` with one tool). */
+    forced: string | null;
   } | null;
 }
 
@@ -732,6 +734,7 @@ export class LlamaEngine {
     const history = toChatHistory(req.messages);
     const only = typeof choice === 'object' ? choice.function.name : null;
     const functions = useTools ? await this.toolFunctions(tools, only) : undefined;
+    const forced = functions !== undefined && (choice === 'required' || only !== null);
     const state = this.chatWrapper.generateContextState({
       chatHistory: history,
       availableFunctions: functions,
@@ -810,10 +813,9 @@ export class LlamaEngine {
           ? {
               functions,
               parallel: req.parallel_tool_calls !== false,
-              wrapper:
-                functions && (choice === 'required' || typeof choice === 'object')
-                  ? new ForcedCallChatWrapper(this.chatWrapper)
-                  : this.chatWrapper,
+              wrapper: forced ? new ForcedCallChatWrapper(this.chatWrapper) : this.chatWrapper,
+              forced:
+                forced && Object.keys(functions!).length === 1 ? Object.keys(functions!)[0]! : null,
             }
           : null,
     };
@@ -1250,6 +1252,28 @@ export class LlamaEngine {
           if (!contextFull(err)) throw err;
           return null;
         });
+      // A forced call cut off by max_tokens before its arguments began (the tokens went to
+      // the call syntax and the name): it is still that call, with no arguments yet, when
+      // only one function could be called. Without it the reply would be nothing at all.
+      if (
+        (!res || res.metadata.stopReason === 'maxTokens') &&
+        chatPlan.forced !== null &&
+        calls.size === 0 &&
+        (res?.functionCalls ?? []).length === 0
+      ) {
+        const call = { id: callId(), name: chatPlan.forced, text: '', pendingSpace: '' };
+        calls.set(0, call);
+        run.onEvent?.({
+          type: 'tool_call',
+          index,
+          call: {
+            index: 0,
+            id: call.id,
+            type: 'function',
+            function: { name: call.name, arguments: '' },
+          },
+        });
+      }
       // Every call the model began, as the stream sent them: the complete ones
       // (`functionCalls`) and one cut off by max_tokens, whose arguments are the JSON
       // written so far (OpenAI returns a truncated call the same way, with

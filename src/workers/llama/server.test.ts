@@ -517,6 +517,58 @@ describe('llama worker: a tool call cut off by max_tokens', () => {
   });
 });
 
+describe('llama worker: a forced call cut off before its arguments', () => {
+  it('is that call with empty arguments and finish_reason length, streamed and not', async () => {
+    const tools = [
+      {
+        type: 'function' as const,
+        function: {
+          name: 'toggle',
+          parameters: { type: 'object', properties: { on: { type: 'boolean' } } },
+        },
+      },
+      {
+        type: 'function' as const,
+        function: { name: 'noop', parameters: { type: 'object', properties: {} } },
+      },
+    ];
+    for (const [tool_choice, offered] of [
+      ['required', tools.slice(0, 1)],
+      [{ type: 'function', function: { name: 'toggle' } }, tools],
+    ] as const) {
+      const body = {
+        model: MODEL,
+        messages: user('Switch it.'),
+        tools: [...offered],
+        tool_choice,
+        temperature: 0,
+        max_tokens: 1,
+      };
+      const whole = await client.chat.completions.create(body);
+      const choice = whole.choices[0]!;
+      assert.equal(choice.finish_reason, 'length');
+      assert.equal(choice.message.content, null);
+      const call = choice.message.tool_calls?.[0];
+      assert.ok(call && call.type === 'function', JSON.stringify(choice.message));
+      assert.equal(call.function.name, 'toggle');
+      assert.match(call.id, /^call_/);
+      assert.equal(call.function.arguments, '');
+
+      const stream = await client.chat.completions.create({ ...body, stream: true });
+      const names: string[] = [];
+      let finish: string | null | undefined;
+      for await (const c of stream) {
+        for (const d of c.choices[0]?.delta.tool_calls ?? []) {
+          if (d.function?.name) names.push(d.function.name);
+        }
+        finish = c.choices[0]?.finish_reason ?? finish;
+      }
+      assert.equal(finish, 'length');
+      assert.deepEqual(names, ['toggle']);
+    }
+  });
+});
+
 describe('llama worker: a reply that fills the context', () => {
   it('parallel calls until the context is full: finish_reason length, not a 500', async () => {
     // No max_tokens: the rest of the window. The calls' own syntax, which LlamaChat
