@@ -100,6 +100,49 @@ describe('tool runner', () => {
     assert.ok(state === 'gone' || state === 'Z', `child state ${state}`);
   });
 
+  /** Gone, or a zombie waiting for a parent that does not reap (PID 1 in some containers). */
+  const ended = (pid: number): boolean => {
+    try {
+      return readFileSync(`/proc/${pid}/stat`, 'utf8').split(' ')[2] === 'Z';
+    } catch {
+      return true; // no such process: it was killed and reaped
+    }
+  };
+  const until = async (ok: () => boolean, ms: number): Promise<boolean> => {
+    const start = Date.now();
+    while (!ok()) {
+      if (Date.now() - start > ms) return false;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    return true;
+  };
+
+  it('ends what the tool left in the background when it exits, at once when it honours SIGTERM', async () => {
+    const pidFile = join(tmp.dir, 'bg-pid');
+    const o = await runTool({ command: sh(`sleep 30 & echo $! > "${pidFile}"; echo done`) }, base)
+      .outcome;
+    assert.equal(o.kind, 'exited');
+    if (o.kind === 'exited') assert.equal(o.stdout, 'done\n');
+    const bg = Number(readFileSync(pidFile, 'utf8'));
+    // SIGTERM at the tool's exit, not SIGKILL after the grace.
+    assert.ok(await until(() => ended(bg), base.killGraceMs / 2), `background child ${bg} runs on`);
+  });
+
+  it('a background child that ignores SIGTERM gets SIGKILL after the grace', async () => {
+    const pidFile = join(tmp.dir, 'bg-stubborn-pid');
+    const started = Date.now();
+    const o = await runTool(
+      { command: sh(`(trap '' TERM; exec sleep 30) & echo $! > "${pidFile}"; exit 0`) },
+      // A grace longer than the wait for the pipes the child holds (200 ms).
+      { ...base, killGraceMs: 800 },
+    ).outcome;
+    assert.equal(o.kind, 'exited');
+    const bg = Number(readFileSync(pidFile, 'utf8'));
+    assert.equal(ended(bg), false, 'still there within the grace');
+    assert.ok(await until(() => ended(bg), 3_000), `background child ${bg} outlived the grace`);
+    assert.ok(Date.now() - started >= 800);
+  });
+
   it('cancels', async () => {
     const run = runTool({ command: ['sleep', '5'] }, base);
     setTimeout(() => run.cancel(), 50);

@@ -6,6 +6,11 @@
  * - The tool runs in a process group of its own, so a timeout or cancel
  *   reaches its children too: SIGTERM to the group, then SIGKILL after the
  *   grace period if it is still there.
+ * - The tool's process group ends with the tool: what it left running there when
+ *   it exited (a command put in the background with `&`) gets SIGTERM, then SIGKILL
+ *   after the grace, so no invocation leaves work behind that outlives its
+ *   timeout, its cancel and its record. (A program that leaves the group with
+ *   `setsid` leaves the agent's care too, as it would leave a container's.)
  * - An agent killed outright (SIGKILL, a crash) cannot signal its tools, so a
  *   reaper process does it for the agent (see `Reaper`).
  * - stdout and stderr are each kept up to `maxOutputBytes`; the rest is
@@ -200,6 +205,28 @@ export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
   };
   const timeoutTimer = setTimeout(() => stop('timeout'), opts.timeoutMs);
 
+  /** After the tool exited: ends what it left in its group; the reaper watches until then. */
+  const endGroup = () => {
+    const pid = child.pid!;
+    signalGroup('SIGTERM');
+    const left = () => {
+      try {
+        process.kill(-pid, 0);
+        return true;
+      } catch {
+        return false; // ESRCH: no process is left in the group
+      }
+    };
+    if (!left()) {
+      reaper?.release(pid);
+      return;
+    }
+    setTimeout(() => {
+      signalGroup('SIGKILL');
+      reaper?.release(pid);
+    }, opts.killGraceMs).unref();
+  };
+
   child.on('error', (err: NodeJS.ErrnoException) => {
     finish({
       kind: 'error',
@@ -211,8 +238,8 @@ export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
 
   child.on('exit', (code, signal) => {
     exited = true;
-    reaper?.release(child.pid!);
     clearTimeout(timeoutTimer);
+    endGroup();
     const durationMs = elapsed();
     const report = () => {
       if (stopReason === 'timeout') return finish({ kind: 'timeout', elapsedMs: durationMs });
