@@ -123,7 +123,7 @@ export async function createServices(
       poolSize: config.dbPoolSize,
       pgliteFrom:
         config.pgliteTemplate && !config.databaseUrl
-          ? new Uint8Array(readFileSync(config.pgliteTemplate))
+          ? readFileSync(config.pgliteTemplate)
           : undefined,
       pgliteSharedBuffers: config.pgliteSharedBuffers,
     }));

@@ -51,7 +51,8 @@ let made: Promise<Uint8Array> | undefined;
 export function pgliteTemplate(): Promise<Uint8Array> {
   made ??= (async () => {
     const file = pgliteTemplatePath();
-    if (existsSync(file)) return new Uint8Array(readFileSync(file));
+    // A Buffer is a Uint8Array already: `new Uint8Array(buffer)` would copy its 40 MB.
+    if (existsSync(file)) return readFileSync(file);
     const store = await openStore({ dataDir: 'memory://', pgliteThread: false });
     const client = (store.db as unknown as { $client: PGlite }).$client;
     const bytes = new Uint8Array(await (await client.dumpDataDir('none')).arrayBuffer());
