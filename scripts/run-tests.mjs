@@ -2,7 +2,7 @@
 // bench/, with node's test runner (tsx as loader).
 // Node 20's runner has no glob support, so the file list is built here.
 import { spawnSync } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 
 function collect(dir, out) {
@@ -21,6 +21,11 @@ if (filter.length) files = files.filter((f) => filter.some((x) => f.includes(x))
 // SWY_TEST_EXCLUDE=a,b skips files whose path contains any of them (local runs).
 const exclude = (process.env.SWY_TEST_EXCLUDE ?? '').split(',').filter(Boolean);
 if (exclude.length) files = files.filter((f) => !exclude.some((x) => f.includes(x)));
+// Files that spawn real processes first: they are the longest (up to two minutes of
+// waiting for servers to start and stop) and leave CPU free while they wait, so the
+// two runner slots end together instead of one finishing such a file alone at the end.
+const spawns = (f) => /spawnSwitchyard\(|spawn\(process\.execPath/.test(readFileSync(f, 'utf8'));
+files = [...files.filter(spawns), ...files.filter((f) => !spawns(f))];
 // The migrated PGlite database the tests' databases start from (test/support/pglite-template.ts),
 // made once here so that every test process, and every binary they spawn, finds it.
 const template = spawnSync(

@@ -358,15 +358,17 @@ describe('body limit and roles', () => {
     const { p, url } = await start({ SWITCHYARD_DATA_DIR: dir, SWITCHYARD_MEMORY_TRIM_MS: '100' });
     procs.push(p);
     // Start-up (migrations, module loading) is the first busy period: the quiet
-    // intervals after it trim.
+    // intervals after it trim. Scrapes far apart: each one is work for the router, and
+    // on a loaded machine a scrape every 100 ms kept every 100 ms interval above the
+    // 5 % of event-loop use that counts as quiet.
     let trims = 0;
-    for (let i = 0; i < 50 && trims === 0; i++) {
-      await new Promise((r) => setTimeout(r, 100));
+    for (let i = 0; i < 25 && trims === 0; i++) {
+      await new Promise((r) => setTimeout(r, 400));
       const text = (await http('GET', `${url}/metrics`)).text;
       trims = Number(/^switchyard_memory_trims_total (\d+)/m.exec(text)?.[1] ?? 0);
       assert.match(text, /^switchyard_memory_trim_released_bytes_total \d+/m);
     }
-    assert.ok(trims >= 1, 'no trim within 5 s of a quiet start');
+    assert.ok(trims >= 1, 'no trim within 10 s of a quiet start');
   });
 });
 

@@ -129,13 +129,20 @@ describe('switchyard worker drains on SIGTERM (real processes)', { timeout: 90_0
   });
 
   it('open streams finish, new requests go elsewhere, then it deregisters and exits 0', async () => {
+    // Both workers start first (a start can take seconds on a loaded machine, longer than
+    // the streams last); b is drained meanwhile so that the streams all go to a.
     const a = await startWorker('dq-sim');
+    const b = await startWorker('dq-sim');
+    assert.equal((await s.admin('POST', `/workers/${b.id}/drain`)).status, 200);
     const LEN = 100; // 2 s of tokens each
     const streams = [stream('chat', LEN), stream('chat', LEN), stream('chat', LEN)];
     await until('every stream under way', () => streams.every((x) => x.o.tokens > 0));
     assert.ok(streams.every((x) => x.o.worker === a.id));
+    assert.equal((await s.admin('POST', `/workers/${b.id}/resume`)).status, 200);
+    await until('b a candidate again', async () =>
+      (await workers()).some((w) => w.id === b.id && w.status !== 'draining'),
+    );
 
-    const b = await startWorker('dq-sim');
     const exited = new Promise<number | null>((r) => a.p.child.once('exit', (c) => r(c)));
     a.p.child.kill('SIGTERM');
     await a.p.waitFor(/draining: 3 request\(s\) open/);
