@@ -70,6 +70,8 @@ export interface Lease {
   priority?: number;
   /** Clears the request's pending prefill blocks (at the first token or the end). */
   prefilled?: () => void;
+  /** The half-open probe of the worker's open breaker. */
+  probe?: boolean;
 }
 
 export interface WaitOptions {
@@ -212,19 +214,18 @@ export class WorkerPool {
     if (!chosen || !route) return null;
     const b = this.breakers.get(chosen.id);
     // Past its cool-down an open breaker lets this one request through as the probe.
-    if (b && b.failures >= BREAKER_THRESHOLD && now >= b.openUntil) b.probing = true;
+    const probe = !!b && b.failures >= BREAKER_THRESHOLD && now >= b.openUntil && !b.probing;
+    if (probe) b.probing = true;
     this.metrics?.workerChosen.inc({ worker: chosen.id });
     this.acquire(chosen.id);
-    if (chosen.schedulingPolicy !== 'priority') return { worker: chosen, route, released: false };
+    const lease: Lease = { worker: chosen, route, released: false };
+    if (probe) lease.probe = true;
+    if (chosen.schedulingPolicy !== 'priority') return lease;
     const ticket = this.prefillOrder.assign(route, now);
     this.metrics?.workerPriorityClass.inc({ worker: chosen.id, class: ticket.class });
-    return {
-      worker: chosen,
-      route,
-      released: false,
-      priority: ticket.priority,
-      prefilled: ticket.release,
-    };
+    lease.priority = ticket.priority;
+    lease.prefilled = ticket.release;
+    return lease;
   }
 
   /**
@@ -321,6 +322,13 @@ export class WorkerPool {
   private releaseLease(lease: Lease): void {
     lease.released = true;
     lease.prefilled?.();
+    if (lease.probe) {
+      // A probe that ended with neither `success` nor `failure` (the client left, the
+      // worker was saturated or refused the request's body) proved nothing: the next
+      // request may probe, instead of the worker staying out of the pool for good.
+      const b = this.breakers.get(lease.worker.id);
+      if (b) b.probing = false;
+    }
     this.release(lease.worker.id);
     this.pump(queueKey(lease.worker));
   }

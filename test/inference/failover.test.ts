@@ -159,3 +159,62 @@ describe('capacity', () => {
     assert.equal((await first).status, 200);
   });
 });
+
+describe('a half-open probe that ends without a verdict', () => {
+  let s: TestServer;
+  let good: SimWorker;
+  let flaky: SimWorker;
+  let client: OpenAI;
+  before(async () => {
+    s = await startTestServer({ env: { SWITCHYARD_ROUTE_CACHE_TTL_MS: '0' } });
+    good = await startSimWorker({ model: 'pm' });
+    flaky = await startSimWorker({ model: 'pm' });
+    await s.admin('POST', '/models', { name: 'pm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'pm', tier: 'gpu', url: flaky.url, id: 'flaky' });
+    await s.admin('POST', '/workers', { model: 'pm', tier: 'gpu', url: good.url, id: 'good' });
+    const p = await s.admin('POST', '/projects', { slug: 'pr', name: 'PR' });
+    await s.admin('POST', '/projects/pr/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'pm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/pr/keys', { quotaRequests: 10_000 });
+    client = new OpenAI({
+      baseURL: `${s.url}/${String(p.body.id)}/chat/v1`,
+      apiKey: String(k.body.key),
+      maxRetries: 0,
+    });
+  });
+  after(async () => {
+    await s.close();
+    await good.close();
+    await flaky.close();
+  });
+
+  const ask = async () =>
+    (
+      await client.chat.completions
+        .create({ model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 })
+        .withResponse()
+    ).response.headers.get('x-service-worker-id')!;
+
+  it('a probe answered 429 (saturated, neither success nor failure) lets a later request probe again', async () => {
+    flaky.setFailMode({ kind: 'status', status: 503 });
+    for (let i = 0; i < 6; i++) assert.equal(await ask(), 'good');
+    assert.equal(s.services.pool.isOpen('flaky'), true);
+    s.clock.advance(5000);
+    // The probe finds the worker saturated: the request fails over to the other worker.
+    flaky.setFailMode({ kind: 'status', status: 429 });
+    const probed = flaky.stats().httpRequests;
+    for (let i = 0; i < 4; i++) assert.equal(await ask(), 'good');
+    assert.ok(flaky.stats().httpRequests > probed, 'probed, answered 429');
+    // The worker is fine again: once the cool-down has passed, another request probes it.
+    flaky.setFailMode(null);
+    s.clock.advance(60_000);
+    const seen = new Set<string>();
+    for (let i = 0; i < 8; i++) seen.add(await ask());
+    assert.ok(seen.has('flaky'), 'the worker is probed again and re-admitted');
+    assert.equal(s.services.pool.isOpen('flaky'), false);
+  });
+});

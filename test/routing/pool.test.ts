@@ -117,11 +117,30 @@ describe('worker pool', () => {
     for (let i = 0; i < 4; i++) assert.equal(pick(pool, [a, b])?.id, 'b');
     clock.advance(BREAKER_COOLDOWN_MS);
     pool.acquire('b'); // a is now the less loaded one
-    assert.equal(pick(pool, [a, b])?.id, 'a', 'the probe');
+    const probe = pool.route([a, b], hints)!;
+    assert.equal(probe.worker.id, 'a', 'the probe');
     assert.equal(pick(pool, [a, b])?.id, 'b', 'only one probe at a time');
     pool.success('a');
+    pool.finish(probe, {});
     pool.release('b');
     pool.acquire('b');
     assert.equal(pick(pool, [a, b])?.id, 'a', 're-admitted');
+  });
+
+  it('a probe handed back without a verdict (the client left) lets the next request probe', () => {
+    const clock = new FakeClock();
+    const pool = new WorkerPool(registry, clock, 0);
+    pool.setPolicy('least-loaded');
+    const a = worker('a');
+    const b = worker('b');
+    for (let i = 0; i < BREAKER_THRESHOLD; i++) pool.failure('a');
+    clock.advance(BREAKER_COOLDOWN_MS);
+    pool.acquire('b');
+    const probe = pool.route([a, b], hints)!;
+    assert.equal(probe.worker.id, 'a', 'the probe');
+    assert.equal(pick(pool, [a, b])?.id, 'b', 'only one probe at a time');
+    pool.abandon(probe); // neither success nor failure
+    clock.advance(60_000);
+    assert.equal(pick(pool, [a, b])?.id, 'a', 'probed again');
   });
 });
