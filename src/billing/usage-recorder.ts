@@ -194,6 +194,8 @@ export class UsageRecorder {
   private flushing: Promise<string[] | null> | null = null;
   /** A write failed: full batches wait for the retry timer, not for the next record. */
   private backingOff = false;
+  /** `close()` was called: a failed write arms no retry timer against the closing database. */
+  private closed = false;
   private readonly interval: number;
   private readonly batchSize: number;
   private readonly maxBuffered: number;
@@ -354,6 +356,8 @@ export class UsageRecorder {
     this.taken -= batch.rows;
     this.backingOff = true;
     if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.closed) return;
     this.timer = setTimeout(() => {
       this.timer = null;
       this.backingOff = false;
@@ -363,9 +367,12 @@ export class UsageRecorder {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
-    // Retry a few times so a shutdown during a brief outage still persists usage.
-    for (let i = 0; i < 3 && this.buffered > 0; i++) await this.flush();
+    // Retry a few times so a shutdown during a brief outage still persists usage. A
+    // write under way counts too: its batch is out of `buffered` until it is stored, or
+    // put back if it fails.
+    for (let i = 0; i < 3 && (this.buffered > 0 || this.flushing); i++) await this.flush();
   }
 }

@@ -192,6 +192,49 @@ describe('usage recorder under load', () => {
   });
 });
 
+describe('usage recorder on shutdown', () => {
+  it('close() waits for the write in progress and writes its records again if it failed', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let calls = 0;
+    let stored = 0;
+    const db = {
+      execute: async () => {
+        // The first write (the timer's, under way when the shutdown begins) fails
+        // after a moment, as a connection reset would; the database then answers.
+        if (++calls === 1) {
+          await gate;
+          throw new Error('connection reset');
+        }
+        stored++;
+        return { rows: [{ stored: 1, charged: [] }] };
+      },
+    } as unknown as Db;
+    const u = new UsageRecorder(db, createLogger('silent'), { flushIntervalMs: 60_000 });
+    u.record(row(1));
+    void u.flush();
+    await new Promise((r) => setImmediate(r));
+    assert.equal(u.pending, 1, 'the record is being written');
+    const closed = u.close();
+    release();
+    await closed;
+    assert.equal(stored, 1, 'written before close() returned');
+    assert.equal(u.pending, 0);
+  });
+
+  it('after close() no retry timer is left writing to the closed database', async () => {
+    const { db, calls } = fakeDb(() => undefined, true);
+    const u = new UsageRecorder(db, createLogger('silent'), { flushIntervalMs: 1 });
+    u.record(row(1));
+    await u.close();
+    const after = calls();
+    // The retry timer would fire every 4 ms: give it several periods.
+    await new Promise((r) => setTimeout(r, 40));
+    assert.equal(calls(), after, 'no write attempted after close()');
+    assert.equal(u.pending, 1, 'what could not be written is still counted as pending');
+  });
+});
+
 describe('RowBatch', () => {
   it('is one JSON array of the appended rows, growing past its first buffer', () => {
     const b = new RowBatch(64);
