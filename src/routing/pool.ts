@@ -125,6 +125,12 @@ export class WorkerPool {
   /** Priorities for workers with `scheduling_policy: priority`. */
   readonly prefillOrder = new PrefillOrder();
   private readonly queues = new Map<string, Waiter[]>();
+  /**
+   * The healthy workers of each (model, tier) as last read (queue key): a request waits
+   * for these, not for the list it was given when it started to wait, so a worker that
+   * joined serves it and a worker that was drained or removed meanwhile does not.
+   */
+  private readonly current = new Map<string, WorkerRecord[]>();
   private waitSeq = 0;
   private queue: QueueSettings = { depth: 64, timeoutMs: 5000 };
   private policy: RoutingPolicy = 'score';
@@ -152,9 +158,13 @@ export class WorkerPool {
   }
 
   candidates(modelId: string, tierId: string): Promise<WorkerRecord[]> | WorkerRecord[] {
-    return this.cache.get(`${modelId}:${tierId}`, async () =>
-      (await this.registry.list({ modelId, tierId })).filter((w) => w.status === 'healthy'),
-    );
+    return this.cache.get(`${modelId}:${tierId}`, async () => {
+      const list = (await this.registry.list({ modelId, tierId })).filter(
+        (w) => w.status === 'healthy',
+      );
+      this.current.set(queueKey({ modelId, tierId }), list);
+      return list;
+    });
   }
 
   /**
@@ -337,9 +347,10 @@ export class WorkerPool {
   private pump(key: string): void {
     const q = this.queues.get(key);
     if (!q) return;
+    const current = this.current.get(key);
     while (q.length > 0) {
       const w = q[0]!;
-      const lease = this.route(w.candidates, w.hints);
+      const lease = this.route(current ?? w.candidates, w.hints);
       if (!lease) break;
       q.shift();
       w.done = true;
@@ -424,9 +435,17 @@ export class WorkerPool {
     this.cache.expireAll();
   }
 
-  /** Capacity may have appeared (a worker joined, a limit changed): serve the queues. */
+  /**
+   * Capacity may have appeared (a worker joined, a limit changed): the worker list of
+   * each queue is read again (after `invalidate`, a reload) and the queue served from it.
+   */
   pumpAll(): void {
-    for (const key of [...this.queues.keys()]) this.pump(key);
+    for (const [key, q] of this.queues) {
+      const w = q[0]?.candidates[0];
+      if (!w) continue;
+      const serve = () => this.pump(key);
+      void Promise.resolve(this.candidates(w.modelId, w.tierId)).then(serve, serve);
+    }
   }
 
   /**
