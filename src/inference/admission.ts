@@ -6,8 +6,8 @@
  * `admitWorker`: a lease now, or after a wait in the router's queue (routing/pool.ts).
  * The wait spends the request's deadline: 'timeout' when it ran out before a worker
  * was free (the queue's own, shorter limit is still 429 `capacity_exceeded`); no
- * healthy worker at all is 503 `unavailable`; a client that leaves while waiting is
- * `cancelled`.
+ * healthy worker at all is 503 `unavailable`; a client that leaves while waiting, or
+ * left before, is `cancelled`.
  *
  * `upstreamFailure`: a worker's non-200 answer as the client's error: its 4xx (other
  * than 408 and 429) is the request's fault, 400 `upstream_rejected` with the worker's
@@ -33,6 +33,10 @@ export async function admitWorker(
   hints: RouteHints,
   deadlineAt: number,
 ): Promise<Lease | 'timeout'> {
+  // A client that left while the request was being prepared (its lookups before this
+  // point may wait for the database or Redis) closed before anyone listened for it:
+  // its request must not take a worker, nor be billed for what nobody will read.
+  if (reply.raw.destroyed) throw new ServiceError('cancelled');
   let result: Lease | AdmitFailure | null = d.pool.route(candidates, hints);
   if (result === null && candidates.length === 0) result = 'unavailable';
   if (result === null) {
