@@ -333,6 +333,27 @@ describe('WorkerScorer', () => {
     assert.equal(ahead(5000 + 0.5 * 100), b.route.workTokens - 100);
   });
 
+  it('a worker learned at 0 ms per token (first token within the same ms) keeps a finite score', () => {
+    const s = make(1000);
+    // w1 answered its first token in the millisecond it got the request; w2 is slow.
+    const teach = (id: string, ttftMs: number) => {
+      const c = s.choose([{ id }], request(s, `teach ${id}`, { nowMs: 0 }));
+      assert.ok(c.ok);
+      s.finish(c.route, { ttftMs });
+    };
+    teach('w1', 0);
+    teach('w2', 500);
+    // Requests arriving in one millisecond: the first starts w1's queue at that instant.
+    const now = 10_000;
+    for (let i = 0; i < 4; i++) {
+      const c = s.choose(candidates, request(s, `burst ${i} `.repeat(20), { nowMs: now }));
+      assert.ok(c.ok);
+      for (const sc of c.scores) assert.ok(Number.isFinite(sc.cost), `cost of ${sc.workerId}`);
+      assert.ok(Number.isFinite(c.route.aheadTokens));
+      assert.equal(c.route.workerId, 'w1', 'the faster worker wins');
+    }
+  });
+
   it('feeds reported cached_tokens back into the prefix index', () => {
     const s = make();
     const a = s.choose(candidates, request(s, prompt + 'a'));

@@ -460,7 +460,11 @@ export class WorkerScorer {
     const head = st.queued.values().next().value as Route | undefined;
     if (!head) return pending;
     const m = st.msPerToken ?? pool.msPerToken;
-    const done = Math.min(head.workTokens, Math.max(0, nowMs - st.progressAt) / m);
+    // A worker learned at 0 ms per token (its first tokens came within the millisecond)
+    // has done its head's work at once; elapsed ÷ m would be 0 ÷ 0 = NaN within the
+    // same millisecond, and a NaN here makes every candidate's cost NaN (via `busy`).
+    const done =
+      m > 0 ? Math.min(head.workTokens, Math.max(0, nowMs - st.progressAt) / m) : head.workTokens;
     return Math.max(0, pending - done);
   }
 
