@@ -354,6 +354,32 @@ describe('WorkerScorer', () => {
     }
   });
 
+  it('a request that ends after its worker was forgotten does not bring the worker back', () => {
+    const s = make(1000);
+    const c = s.choose([{ id: 'gone' }], request(s, prompt));
+    assert.ok(c.ok);
+    const d = s.choose([{ id: 'gone' }], request(s, prompt + 'x'));
+    assert.ok(d.ok);
+    s.forget('gone'); // deregistered while its requests were still running
+    s.finish(c.route, { ttftMs: 5000, tpotMs: 100, promptTokens: 1000, cachedTokens: 0 });
+    s.fail(d.route);
+    assert.deepEqual(
+      s.snapshot().map((x) => x.workerId),
+      [],
+      'no state kept for the removed worker',
+    );
+    assert.equal(s.index.sizeOf('gone'), 0);
+    // Its slow answer is not part of the pool mean a new worker is scored with.
+    const n = s.choose([{ id: 'new' }], request(s, 'fresh prompt', { promptTokens: 100 }));
+    assert.ok(n.ok);
+    const fresh = make(1000).choose(
+      [{ id: 'new' }],
+      request(s, 'fresh prompt', { promptTokens: 100 }),
+    );
+    assert.ok(fresh.ok);
+    assert.equal(n.route.predictedTtftMs, fresh.route.predictedTtftMs);
+  });
+
   it('feeds reported cached_tokens back into the prefix index', () => {
     const s = make();
     const a = s.choose(candidates, request(s, prompt + 'a'));

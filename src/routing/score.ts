@@ -372,7 +372,9 @@ export class WorkerScorer {
   firstToken(route: Route, at?: { nowMs?: number }): void {
     if (route.started || route.done) return;
     route.started = true;
-    const st = this.state(route.workerId);
+    // A worker forgotten meanwhile (it left the pool) is not brought back by its requests.
+    const st = this.workers.get(route.workerId);
+    if (!st) return;
     this.leaveQueue(st, route, at?.nowMs);
     route.runningAtFirstToken = st.running;
     st.running++;
@@ -384,7 +386,8 @@ export class WorkerScorer {
     this.firstToken(route);
     route.done = true;
     const k = this.constants;
-    const st = this.state(route.workerId);
+    const st = this.workers.get(route.workerId);
+    if (!st) return;
     st.inFlight = Math.max(0, st.inFlight - 1);
     st.running = Math.max(0, st.running - 1);
     const prompt = outcome.promptTokens ?? route.promptTokens;
@@ -413,7 +416,8 @@ export class WorkerScorer {
   fail(route: Route, at?: { nowMs?: number }): void {
     if (route.done) return;
     route.done = true;
-    const st = this.state(route.workerId);
+    const st = this.workers.get(route.workerId);
+    if (!st) return;
     st.inFlight = Math.max(0, st.inFlight - 1);
     if (route.started) st.running = Math.max(0, st.running - 1);
     else this.leaveQueue(st, route, at?.nowMs);
