@@ -399,6 +399,8 @@ export class ChatCompletions {
     run.lease = next;
     run.tried.add(next.worker.id);
     run.worker = next.worker;
+    // What the next worker is judged on starts now: the time the failed one took is not its.
+    run.waitedMs = d.clock.now() - run.startedAt;
     return true;
   }
 
@@ -900,7 +902,10 @@ interface Run {
   /** What the scorer knows of the request, and its current worker's lease. */
   hints: RouteHints;
   lease: Lease;
-  /** Time from the start of the request to its dispatch (the router's queue, mostly). */
+  /**
+   * Time from the start of the request to its dispatch to the current worker (the
+   * router's queue, mostly, and any worker that failed before it).
+   */
   waitedMs: number;
   /** The request went to a worker (at least once). */
   sent: boolean;

@@ -6,9 +6,12 @@
  * timeouts.test.ts). Saturation gives 429 `capacity_exceeded`.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
-import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
+import { clockSleep, startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
 
 describe('failover between workers', () => {
@@ -216,5 +219,96 @@ describe('a half-open probe that ends without a verdict', () => {
     for (let i = 0; i < 8; i++) seen.add(await ask());
     assert.ok(seen.has('flaky'), 'the worker is probed again and re-admitted');
     assert.equal(s.services.pool.isOpen('flaky'), false);
+  });
+});
+
+/** A worker that holds every completion it gets until `reset()` drops their connections. */
+async function hangingWorker() {
+  const held: Socket[] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    if (req.method !== 'POST') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ object: 'list', data: [] }));
+      return;
+    }
+    held.push(req.socket);
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    held: () => held.length,
+    reset: () => {
+      for (const s of held.splice(0)) s.resetAndDestroy();
+    },
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+describe('what the scorer learns from a request that failed over', () => {
+  let s: TestServer;
+  let hang: Awaited<ReturnType<typeof hangingWorker>>;
+  let good: SimWorker;
+  after(async () => {
+    await s.close();
+    await good.close();
+    await hang.close();
+  });
+
+  it('the worker that answered is not charged with the time the failed one took', async () => {
+    s = await startTestServer({ env: { SWITCHYARD_ROUTE_CACHE_TTL_MS: '0' } });
+    hang = await hangingWorker();
+    good = await startSimWorker({
+      model: 'lm',
+      ttftMs: 0,
+      tpotMs: 0,
+      prefillMsPerToken: 0,
+      sleep: clockSleep(s.clock),
+      clock: s.clock,
+    });
+    await s.admin('POST', '/models', { name: 'lm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'lm', tier: 'gpu', url: hang.url, id: 'a-hang' });
+    await s.admin('POST', '/workers', { model: 'lm', tier: 'gpu', url: good.url, id: 'b-good' });
+    const p = await s.admin('POST', '/projects', { slug: 'lr', name: 'LR' });
+    await s.admin('POST', '/projects/lr/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'lm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/lr/keys', {});
+    const res = fetch(`${s.url}/${String(p.body.id)}/chat/v1/chat/completions`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${String(k.body.key)}`,
+        'content-type': 'application/json',
+      },
+      body: JSON.stringify({
+        model: 'x',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 3,
+        stream: true,
+      }),
+    });
+    // Ties rotate from the first registered worker: the hanging one gets the request.
+    while (hang.held() < 1) await new Promise((r) => setTimeout(r, 2));
+    // It fails 10 s later, before any byte; the other worker answers at once.
+    s.clock.advance(10_000);
+    hang.reset();
+    const r = await res;
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('x-service-worker-id'), 'b-good');
+    assert.match(await r.text(), /\[DONE\]/);
+    const learned = s.services.pool.scorer.snapshot().find((w) => w.workerId === 'b-good');
+    assert.ok(learned?.msPerToken !== undefined, 'the answer was learned from');
+    assert.ok(
+      learned.msPerToken < 1,
+      `b-good learned ${learned.msPerToken} ms per token for a first token it sent at once`,
+    );
   });
 });
