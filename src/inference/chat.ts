@@ -433,7 +433,15 @@ export class ChatCompletions {
         continue;
       }
       if (res.statusCode === 200) return res;
-      const text = await res.body.text();
+      let text: string;
+      try {
+        text = await res.body.text();
+      } catch (err) {
+        // The worker broke off its own error answer: nothing reached the client yet.
+        if (signal.aborted || !this.failover(run)) throw err;
+        d.logger.warn({ err, next: run.worker.id }, 'worker failed mid-answer; failing over');
+        continue;
+      }
       if (res.statusCode === 429) {
         if (this.failover(run, false)) {
           d.logger.warn({ status: 429, next: run.worker.id }, 'worker saturated; failing over');

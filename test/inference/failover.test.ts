@@ -312,3 +312,63 @@ describe('what the scorer learns from a request that failed over', () => {
     );
   });
 });
+
+describe('a worker that breaks off its own 5xx answer', () => {
+  let s: TestServer;
+  let bad: http.Server;
+  let good: SimWorker;
+  let hits = 0;
+  after(async () => {
+    await s.close();
+    await good.close();
+    bad.closeAllConnections();
+    bad.close();
+  });
+
+  it('is failed over like any 5xx before the first byte', async () => {
+    s = await startTestServer({ env: { SWITCHYARD_ROUTE_CACHE_TTL_MS: '0' } });
+    bad = http.createServer((req, res) => {
+      req.resume();
+      if (req.method !== 'POST') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ object: 'list', data: [] }));
+        return;
+      }
+      hits++;
+      // Headers and the start of an error body, then the connection is reset.
+      res.writeHead(503, { 'content-type': 'application/json', 'content-length': '200' });
+      res.write('{"error": {"message": "overl');
+      setImmediate(() => req.socket.resetAndDestroy());
+    });
+    bad.listen(0, '127.0.0.1');
+    await once(bad, 'listening');
+    good = await startSimWorker({ model: 'bm' });
+    const badUrl = `http://127.0.0.1:${(bad.address() as AddressInfo).port}/v1`;
+    await s.admin('POST', '/models', { name: 'bm', context_window: 4096 });
+    await s.admin('POST', '/workers', { model: 'bm', tier: 'gpu', url: badUrl, id: 'a-bad' });
+    await s.admin('POST', '/workers', { model: 'bm', tier: 'gpu', url: good.url, id: 'b-good' });
+    const p = await s.admin('POST', '/projects', { slug: 'bb', name: 'BB' });
+    await s.admin('POST', '/projects/bb/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'bm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/bb/keys', {});
+    const client = new OpenAI({
+      baseURL: `${s.url}/${String(p.body.id)}/chat/v1`,
+      apiKey: String(k.body.key),
+      maxRetries: 0,
+    });
+    for (const stream of [false, true]) {
+      const before = hits;
+      const { response } = await client.chat.completions
+        .create({ model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream })
+        .withResponse();
+      assert.equal(response.status, 200);
+      assert.equal(response.headers.get('x-service-worker-id'), 'b-good');
+      assert.equal(hits, before + 1, 'tried the broken worker first');
+      if (stream) await response.text();
+    }
+  });
+});
