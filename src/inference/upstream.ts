@@ -264,6 +264,33 @@ export class UpstreamClient {
     });
   }
 
+  /**
+   * Keeps the pools of these workers' origins and closes the others (their in-flight
+   * requests finish first): a pool per origin ever served would otherwise outlive its
+   * worker, one per pod of an autoscaled fleet (the worker monitor calls this).
+   */
+  retain(workerUrls: Iterable<string>): void {
+    const keep = new Set<string>();
+    for (const url of workerUrls) {
+      try {
+        keep.add(new URL(url).origin);
+      } catch {
+        // not a URL: no pool was made for it
+      }
+    }
+    for (const [origin, pool] of this.pools) {
+      if (keep.has(origin)) continue;
+      this.pools.delete(origin);
+      void pool.close().catch(() => undefined);
+    }
+    for (const [url, t] of this.targets) if (!keep.has(t.origin)) this.targets.delete(url);
+  }
+
+  /** Origins with a connection pool (for tests and metrics). */
+  get origins(): string[] {
+    return [...this.pools.keys()];
+  }
+
   async close(): Promise<void> {
     const pools = [...this.pools.values()];
     this.pools.clear();

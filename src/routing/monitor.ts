@@ -85,6 +85,8 @@ export class WorkerMonitor {
       bus: InvalidationBus;
       settings: MonitorSettings;
       probe?: Probe;
+      /** The upstream connection pools: those of workers no longer listed are closed. */
+      upstream?: { retain(workerUrls: Iterable<string>): void };
     },
   ) {
     d.pool.setSignalsMaxAge(Math.max(3 * d.settings.intervalMs, 1));
@@ -152,6 +154,10 @@ export class WorkerMonitor {
     // Back after an outage: heartbeats could not be written meanwhile, so the return
     // counts as every worker's last heartbeat (they get a full window to send one).
     this.databaseBackAt ??= this.d.clock.now();
+    // Workers gone from the registry since the last pass (removed or deregistered, on
+    // this instance or another): their live state, breaker and series go too.
+    const listed = new Set(list.map((w) => w.id));
+    for (const w of this.known) if (!listed.has(w.id)) this.forget(w.id);
     const outcomes = await Promise.all(list.map((w) => this.check(w)));
     let changed = false;
     const now = this.d.clock.now();
@@ -168,6 +174,7 @@ export class WorkerMonitor {
       }
     }
     this.known = kept;
+    this.d.upstream?.retain(kept.map((w) => w.url));
     if (changed) await this.d.bus.publish('workers', '*');
     await this.reconcile(kept);
   }

@@ -230,6 +230,7 @@ export async function createServices(
     metrics,
     logger: deps.logger,
     bus,
+    upstream,
     settings: {
       intervalMs: config.workerScrapeMs,
       heartbeatMs: config.workerHeartbeatMs,

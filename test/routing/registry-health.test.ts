@@ -272,4 +272,17 @@ describe('worker registry and health', () => {
     const text = (await http('GET', `${s.url}/metrics`)).text;
     assert.doesNotMatch(text, new RegExp(`worker="${id}"`));
   });
+
+  it('a worker removed elsewhere (another instance, the database) is forgotten at the next pass; its connections close', async () => {
+    assert.equal((await chat('stat')).headers['x-service-worker-id'], 'static-1');
+    const origin = new URL(stat.url).origin;
+    assert.ok(s.services.upstream.origins.includes(origin));
+    assert.match((await http('GET', `${s.url}/metrics`)).text, /worker="static-1"/);
+    // Not through this instance's API, which forgets it at once.
+    assert.equal(await s.services.workers.remove('static-1'), true);
+    await pass(SCRAPE_MS);
+    assert.doesNotMatch((await http('GET', `${s.url}/metrics`)).text, /worker="static-1"/);
+    assert.equal(s.services.pool.load('static-1'), 0);
+    assert.ok(!s.services.upstream.origins.includes(origin), 'its connection pool is closed');
+  });
 });
