@@ -1202,6 +1202,35 @@ describe('normalizeCompletion', () => {
     assert.deepEqual(validateCompletion(out), []);
   });
 
+  it('logprobs without top_logprobs keeps no alternatives (llama.cpp sends 20 by default)', () => {
+    const entry = {
+      id: 9642,
+      token: 'a',
+      bytes: [97],
+      logprob: -1,
+      top_logprobs: Array.from({ length: 20 }, (_, i) => ({ token: `t${i}`, logprob: -i - 1 })),
+    };
+    const lp = { content: [entry] };
+    const plain = { ...ctx, logprobs: true };
+    const out = normalizeCompletion(
+      { choices: [{ message: { content: 'a' }, finish_reason: 'stop', logprobs: lp }] },
+      plain,
+    );
+    assert.deepEqual(out.choices[0]?.logprobs?.content?.[0]?.top_logprobs, []);
+    assert.deepEqual(validateCompletion(out), []);
+    const chunk = reframeChunk(
+      { choices: [{ index: 0, delta: { content: 'a' }, logprobs: lp, finish_reason: null }] },
+      plain,
+    );
+    assert.deepEqual(chunk?.choices[0]?.logprobs?.content?.[0]?.top_logprobs, []);
+    // An explicit value is still the cut.
+    const five = reframeChunk(
+      { choices: [{ index: 0, delta: { content: 'a' }, logprobs: lp, finish_reason: null }] },
+      { ...plain, topLogprobs: 5 },
+    );
+    assert.equal(five?.choices[0]?.logprobs?.content?.[0]?.top_logprobs.length, 5);
+  });
+
   it('throws upstream_error for a body that is not a completion', () => {
     for (const bad of [null, 'x', {}, { choices: 'no' }, { error: { message: 'boom' } }]) {
       assert.throws(

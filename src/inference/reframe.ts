@@ -39,7 +39,11 @@ export interface ReframeContext {
   readonly model: string;
   /** The endpoint's tier. */
   readonly serviceTier: ServiceTierName;
-  /** The request's `top_logprobs`; longer upstream lists are cut to it. */
+  /**
+   * The request's `top_logprobs`; longer upstream lists are cut to it. Omitted
+   * with `logprobs: true` it means 0 (OpenAI's default), whatever the engine's
+   * own default is (llama.cpp's server sends 20).
+   */
   readonly topLogprobs?: number;
   /**
    * The request's `logprobs: true`: a non-streaming choice then always carries the
@@ -271,6 +275,11 @@ function bytesOf(v: unknown): number[] | null {
     if (typeof b !== 'number' || !Number.isInteger(b) || b < 0 || b > 255) return null;
   }
   return v as number[];
+}
+
+/** How many alternatives a token may keep: the request's `top_logprobs`, 0 when it omitted it. */
+function topLimit(ctx: ReframeContext): number | undefined {
+  return ctx.topLogprobs ?? (ctx.logprobs === true ? 0 : undefined);
 }
 
 function topLogprobsOf(v: unknown, limit: number | undefined): TopLogprob[] {
@@ -514,7 +523,7 @@ function reframeChunkChoice(
     role === 'ensure' ||
     (role === 'forward' && d !== undefined && d.role !== undefined && d.role !== null);
 
-  let logprobs = normalizeLogprobs(c.logprobs, ctx.topLogprobs);
+  let logprobs = normalizeLogprobs(c.logprobs, topLimit(ctx));
   if (stats !== undefined) {
     // Counted before reasoning entries are dropped: they are generated tokens too.
     const chars = (hasContent ? content.length : 0) + (refusal?.length ?? 0) + reasoningChars;
@@ -657,7 +666,7 @@ function completionChoice(raw: unknown, position: number, ctx: ReframeContext): 
   // Spec: tool_calls is present when finish_reason is tool_calls.
   if (finish === 'tool_calls' && toolCalls === null) finish = 'stop';
 
-  let logprobs = normalizeLogprobs(c.logprobs, ctx.topLogprobs);
+  let logprobs = normalizeLogprobs(c.logprobs, topLimit(ctx));
   if (logprobs !== null && reasoningLength(m) > 0) {
     logprobs = keepVisibleLogprobs(logprobs, content ?? '');
   }

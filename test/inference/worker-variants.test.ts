@@ -1,0 +1,180 @@
+/**
+ * What real engines put on the wire, replayed by a fake worker (a small node:http
+ * server answering the canned bodies of the case the request names in its
+ * forwarded `variant` field), and what the client gets from the router:
+ * - llama.cpp's server answers `logprobs: true` without `top_logprobs` with 20
+ *   alternatives per token (its own default); the client asked for none, so it
+ *   gets `top_logprobs: []` (spec: the length matches the request's value; OpenAI's
+ *   default is 0), streamed or not.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import { startTestServer, type TestServer } from '../support/harness.js';
+import { validateChunk, validateCompletion } from '../support/openai-schemas.js';
+
+type Payload = Record<string, unknown>;
+
+/** One llama.cpp logprob entry with `n` alternatives, as its server writes them. */
+function llamaEntry(token: string, n: number): Payload {
+  const bytes = [...Buffer.from(token, 'utf8')];
+  const alternatives = Array.from({ length: n }, (_, i) => ({
+    id: 100 + i,
+    token: i === 0 ? token : `alt${i}`,
+    bytes: i === 0 ? bytes : [...Buffer.from(`alt${i}`, 'utf8')],
+    logprob: -0.01 - i,
+  }));
+  return { id: 100, token, bytes, logprob: -0.01, top_logprobs: alternatives };
+}
+
+const llamaHead = {
+  id: 'chatcmpl-yPk7z9nC22CofOlh100qQdHVEDMNYCb1',
+  created: 1754524122,
+  model: 'gpt-oss-20b',
+  system_fingerprint: 'b6097-9515c613',
+};
+
+/** The canned answers: non-streaming body, or the payloads of a stream. */
+const variants: Record<string, { completion: Payload; chunks: Payload[] }> = {
+  // llama.cpp `logprobs: true` and no `top_logprobs`: n_probs defaults to 20.
+  'llama-logprobs': {
+    completion: {
+      ...llamaHead,
+      object: 'chat.completion',
+      choices: [
+        {
+          index: 0,
+          finish_reason: 'stop',
+          message: { role: 'assistant', content: 'Yes' },
+          logprobs: { content: [llamaEntry('Yes', 20)] },
+        },
+      ],
+      usage: { prompt_tokens: 9, completion_tokens: 1, total_tokens: 10 },
+    },
+    chunks: [
+      { choices: [{ index: 0, finish_reason: null, delta: { role: 'assistant', content: null } }] },
+      {
+        choices: [
+          {
+            index: 0,
+            finish_reason: null,
+            delta: { content: 'Yes' },
+            logprobs: { content: [llamaEntry('Yes', 20)] },
+          },
+        ],
+      },
+      { choices: [{ index: 0, finish_reason: 'stop', delta: {} }] },
+      { choices: [], usage: { prompt_tokens: 9, completion_tokens: 1, total_tokens: 10 } },
+    ].map((c) => ({ ...llamaHead, object: 'chat.completion.chunk', ...c })),
+  },
+};
+
+async function variantWorker() {
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (raw += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.end('');
+        return;
+      }
+      const body = JSON.parse(raw) as Payload;
+      const v = variants[String(body.variant)];
+      if (!v) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { message: `no variant ${String(body.variant)}` } }));
+        return;
+      }
+      if (body.stream !== true) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(v.completion));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(v.chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n');
+    });
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+describe('what engines send, as the client gets it', () => {
+  let s: TestServer;
+  let w: Awaited<ReturnType<typeof variantWorker>>;
+  let client: OpenAI;
+  before(async () => {
+    s = await startTestServer();
+    w = await variantWorker();
+    await s.admin('POST', '/models', {
+      name: 'vm',
+      context_window: 4096,
+      capabilities: ['tool_calling', 'logprobs'],
+    });
+    await s.admin('POST', '/workers', { model: 'vm', tier: 'gpu', url: w.url, id: 'variants' });
+    const p = await s.admin('POST', '/projects', { slug: 'var', name: 'Variants' });
+    await s.admin('POST', '/projects/var/endpoints', {
+      slug: 'chat',
+      name: 'C',
+      model: 'vm',
+      tier: 'gpu',
+    });
+    const k = await s.admin('POST', '/projects/var/keys', { quotaRequests: 10_000 });
+    client = new OpenAI({
+      baseURL: `${s.url}/${String(p.body.id)}/chat/v1`,
+      apiKey: String(k.body.key),
+      maxRetries: 0,
+    });
+  });
+  after(async () => {
+    await s.close();
+    await w.close();
+  });
+
+  /** The SDK forwards unknown body fields as they are: `variant` picks the canned answer. */
+  const ask = (variant: string, extra: Record<string, unknown> = {}) =>
+    ({
+      model: 'x',
+      messages: [{ role: 'user', content: 'hi' }],
+      variant,
+      ...extra,
+    }) as unknown as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming;
+
+  it('logprobs without top_logprobs: no alternatives, whatever the engine defaults to', async () => {
+    const data = await client.chat.completions.create(ask('llama-logprobs', { logprobs: true }));
+    assert.deepEqual(validateCompletion(data), []);
+    const entry = data.choices[0]!.logprobs!.content![0]!;
+    assert.equal(entry.token, 'Yes');
+    assert.deepEqual(entry.top_logprobs, [], 'top_logprobs omitted means 0 alternatives');
+
+    const cut = await client.chat.completions.create(
+      ask('llama-logprobs', { logprobs: true, top_logprobs: 3 }),
+    );
+    assert.equal(cut.choices[0]!.logprobs!.content![0]!.top_logprobs.length, 3);
+
+    const stream = await client.chat.completions.create({
+      ...ask('llama-logprobs', { logprobs: true }),
+      stream: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    const entries = [];
+    for await (const c of stream) {
+      assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+      entries.push(...(c.choices[0]?.logprobs?.content ?? []));
+    }
+    assert.deepEqual(
+      entries.map((e) => [e.token, e.top_logprobs.length]),
+      [['Yes', 0]],
+    );
+  });
+});
