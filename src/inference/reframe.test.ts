@@ -347,6 +347,33 @@ data: [DONE]
     fingerprint: 'fp_ollama',
     toolCalls: [{ id: 'call_hk81qg8b', name: 'run_command', arguments: '{"command":"ls -la"}' }],
   },
+  {
+    // Ollama's models without a dedicated parser (ollama/ollama#15457, #15497) give
+    // every call of a turn index 0, one whole call per chunk, each with its own id.
+    name: 'Ollama parallel tool calls: every call at index 0, each with its own id',
+    wire: sse`
+data: {"id":"chatcmpl-86","object":"chat.completion.chunk","created":1743277352,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_a1","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-86","object":"chat.completion.chunk","created":1743277352,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_b2","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]},"finish_reason":null}]}
+
+data: {"id":"chatcmpl-86","object":"chat.completion.chunk","created":1743277352,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"tool_calls"}]}
+
+data: {"id":"chatcmpl-86","object":"chat.completion.chunk","created":1743277352,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama","choices":[],"usage":{"prompt_tokens":120,"completion_tokens":44,"total_tokens":164}}
+
+data: [DONE]
+
+`,
+    content: '',
+    reasoning: [],
+    finish: 'tool_calls',
+    usage: usage(120, 44),
+    usageReported: true,
+    fingerprint: 'fp_ollama',
+    toolCalls: [
+      { id: 'call_a1', name: 'file_write', arguments: '{"filePath":"hello.py"}' },
+      { id: 'call_b2', name: 'file_write', arguments: '{"filePath":"world.py"}' },
+    ],
+  },
 ];
 
 const utf8 = (s: string) => new TextEncoder().encode(s);
@@ -1301,6 +1328,45 @@ describe('StreamAccumulator', () => {
     // 3 generating chunks, 29 characters (~8 tokens): the larger estimate wins.
     assert.deepEqual(s.usage, usage(30, 8));
     assert.deepEqual(validateChunk(acc.usageChunk()), []);
+  });
+
+  it('gives each streamed tool call its own index, however the worker numbered them', () => {
+    const call = (index: number | undefined, id: string | undefined, args: string) => ({
+      ...(index === undefined ? {} : { index }),
+      ...(id === undefined ? {} : { id, type: 'function' }),
+      function: id === undefined ? { arguments: args } : { name: 'f', arguments: args },
+    });
+    const indexes = (deltas: object[][]) => {
+      const acc = new StreamAccumulator(ctx, 0);
+      return deltas.map((tc) =>
+        acc
+          .accept(ollama({ index: 0, delta: { tool_calls: tc }, finish_reason: null }), 1)!
+          .choices[0]!.delta.tool_calls!.map((d) => d.index),
+      );
+    };
+    // Right numbering (vLLM, llama.cpp, SGLang), an id repeated on every fragment too.
+    assert.deepEqual(
+      indexes([
+        [call(0, 'a', '{')],
+        [call(0, undefined, '}')],
+        [call(1, 'b', '{')],
+        [call(1, 'b', '}')],
+        [call(0, undefined, ' ')],
+      ]),
+      [[0], [0], [1], [1], [0]],
+    );
+    // Ollama: index 0 for every call.
+    assert.deepEqual(indexes([[call(0, 'a', '{}')], [call(0, 'b', '{}')], [call(0, 'c', '{}')]]), [
+      [0],
+      [1],
+      [2],
+    ]);
+    // Ollama before 0.4.7: no index, one chunk per call or all in one.
+    assert.deepEqual(indexes([[call(undefined, 'a', '{}')], [call(undefined, 'b', '{}')]]), [
+      [0],
+      [1],
+    ]);
+    assert.deepEqual(indexes([[call(undefined, 'a', '{}'), call(undefined, 'b', '{}')]]), [[0, 1]]);
   });
 
   it('reports no first token and no content for a stream that produced nothing', () => {

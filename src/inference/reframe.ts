@@ -472,16 +472,28 @@ interface ChunkStats {
   tokens: number;
   /** The emitted chunk carries content, refusal or tool calls. */
   visible: boolean;
+  /**
+   * The client's index for a tool-call delta of choice `choice`, given the worker's
+   * index and the delta's id (see `StreamAccumulator`); the worker's index if unset.
+   */
+  toolIndex?: (choice: number, upstream: number, id: string | undefined) => number;
 }
 
-function toolCallDeltas(v: unknown, stats: ChunkStats | undefined): ToolCallDelta[] | undefined {
+function toolCallDeltas(
+  v: unknown,
+  choice: number,
+  stats: ChunkStats | undefined,
+): ToolCallDelta[] | undefined {
   if (!Array.isArray(v) || v.length === 0) return undefined;
   let out: ToolCallDelta[] | undefined;
   for (let i = 0; i < v.length; i++) {
     const t = asObj(v[i]);
     if (t === undefined) continue;
-    const d: ToolCallDelta = { index: asIndex(t.index, i) };
     const id = asString(t.id);
+    const upstream = asIndex(t.index, i);
+    const d: ToolCallDelta = {
+      index: stats?.toolIndex ? stats.toolIndex(choice, upstream, id || undefined) : upstream,
+    };
     if (id) d.id = id;
     // OpenAI sends `type` alongside the id, on the first fragment of a call.
     if (id || t.type === 'function') d.type = 'function';
@@ -509,10 +521,11 @@ function reframeChunkChoice(
 ): ChunkChoice | null {
   const c = asObj(raw);
   if (c === undefined) return null;
+  const index = asIndex(c.index, position);
   const d = asObj(c.delta);
   const content = d === undefined ? undefined : textOf(d.content);
   const refusal = d === undefined ? undefined : asString(d.refusal);
-  const toolCalls = d === undefined ? undefined : toolCallDeltas(d.tool_calls, stats);
+  const toolCalls = d === undefined ? undefined : toolCallDeltas(d.tool_calls, index, stats);
   const reasoningChars = d === undefined ? 0 : reasoningLength(d);
   const finish = normalizeFinishReason(c.finish_reason);
 
@@ -546,7 +559,7 @@ function reframeChunkChoice(
   else if (withRole) delta.content = '';
   if (hasRefusal) delta.refusal = refusal;
   if (toolCalls !== undefined) delta.tool_calls = toolCalls;
-  return { index: asIndex(c.index, position), delta, logprobs, finish_reason: finish };
+  return { index, delta, logprobs, finish_reason: finish };
 }
 
 function reframeInto(
@@ -756,7 +769,20 @@ const MAX_TRACKED_CHOICES = 128;
  * not send one) and dropped from later chunks.
  */
 export class StreamAccumulator {
-  private readonly stats: ChunkStats = { generatedChars: 0, tokens: 0, visible: false };
+  private readonly stats: ChunkStats = {
+    generatedChars: 0,
+    tokens: 0,
+    visible: false,
+    toolIndex: (choice, upstream, id) => this.toolIndex(choice, upstream, id),
+  };
+  /**
+   * Per choice, the tool calls seen: the worker's index -> the client's index and
+   * the call's id, and how many calls there were.
+   */
+  private readonly toolCalls = new Map<
+    number,
+    { byUpstream: Map<number, { index: number; id: string | undefined }>; count: number }
+  >();
   private reported: Usage | null = null;
   private countedTokens = 0;
   private generatedChars = 0;
@@ -810,6 +836,31 @@ export class StreamAccumulator {
       if (choice.finish_reason !== null) this.finishReasons[i] = choice.finish_reason;
     }
     return chunk;
+  }
+
+  /**
+   * Clients assemble streamed tool calls by `index`, so each call needs its own.
+   * Some workers reuse one: Ollama gives every call of a turn index 0 (one whole
+   * call per chunk, each with its own id; ollama/ollama#15457), and builds before
+   * 0.4.7 sent no index at all, so a client merged the calls into one with broken
+   * arguments. A delta whose id differs from the id of the call the worker's index
+   * names starts a new call; the client's indexes count calls in order from 0,
+   * which is the worker's own numbering when it numbers them right.
+   */
+  private toolIndex(choice: number, upstream: number, id: string | undefined): number {
+    let calls = this.toolCalls.get(choice);
+    if (calls === undefined) {
+      calls = { byUpstream: new Map(), count: 0 };
+      this.toolCalls.set(choice, calls);
+    }
+    const known = calls.byUpstream.get(upstream);
+    if (known !== undefined && (id === undefined || known.id === undefined || known.id === id)) {
+      known.id ??= id;
+      return known.index;
+    }
+    const call = { index: calls.count++, id };
+    calls.byUpstream.set(upstream, call);
+    return call.index;
   }
 
   /** Whether a generated token (reasoning included) has been seen: time to first token is over. */

@@ -5,7 +5,11 @@
  * - llama.cpp's server answers `logprobs: true` without `top_logprobs` with 20
  *   alternatives per token (its own default); the client asked for none, so it
  *   gets `top_logprobs: []` (spec: the length matches the request's value; OpenAI's
- *   default is 0), streamed or not.
+ *   default is 0), streamed or not;
+ * - Ollama streams the parallel tool calls of a model without its own parser one
+ *   whole call per chunk, every one at index 0 (ollama/ollama#15457): the client
+ *   gets one index per call, so the SDK assembles two calls, not one call with
+ *   both argument strings glued together.
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -69,6 +73,64 @@ const variants: Record<string, { completion: Payload; chunks: Payload[] }> = {
       { choices: [{ index: 0, finish_reason: 'stop', delta: {} }] },
       { choices: [], usage: { prompt_tokens: 9, completion_tokens: 1, total_tokens: 10 } },
     ].map((c) => ({ ...llamaHead, object: 'chat.completion.chunk', ...c })),
+  },
+  'ollama-parallel-tools': {
+    completion: {},
+    chunks: [
+      {
+        choices: [
+          {
+            index: 0,
+            delta: {
+              role: 'assistant',
+              content: '',
+              tool_calls: [
+                {
+                  id: 'call_a1',
+                  index: 0,
+                  type: 'function',
+                  function: { name: 'file_write', arguments: '{"filePath":"hello.py"}' },
+                },
+              ],
+            },
+            finish_reason: null,
+          },
+        ],
+      },
+      {
+        choices: [
+          {
+            index: 0,
+            delta: {
+              role: 'assistant',
+              content: '',
+              tool_calls: [
+                {
+                  id: 'call_b2',
+                  index: 0,
+                  type: 'function',
+                  function: { name: 'file_write', arguments: '{"filePath":"world.py"}' },
+                },
+              ],
+            },
+            finish_reason: null,
+          },
+        ],
+      },
+      {
+        choices: [
+          { index: 0, delta: { role: 'assistant', content: '' }, finish_reason: 'tool_calls' },
+        ],
+      },
+      { choices: [], usage: { prompt_tokens: 120, completion_tokens: 44, total_tokens: 164 } },
+    ].map((c) => ({
+      id: 'chatcmpl-86',
+      object: 'chat.completion.chunk',
+      created: 1743277352,
+      model: 'qwen2.5-coder:7b',
+      system_fingerprint: 'fp_ollama',
+      ...c,
+    })),
   },
 };
 
@@ -175,6 +237,31 @@ describe('what engines send, as the client gets it', () => {
     assert.deepEqual(
       entries.map((e) => [e.token, e.top_logprobs.length]),
       [['Yes', 0]],
+    );
+  });
+
+  it('parallel tool calls all at index 0 reach the client as separate calls', async () => {
+    const tools = [
+      {
+        type: 'function' as const,
+        function: {
+          name: 'file_write',
+          parameters: { type: 'object', properties: { filePath: { type: 'string' } } },
+        },
+      },
+    ];
+    const stream = client.chat.completions.stream({
+      ...ask('ollama-parallel-tools', { tools }),
+      stream: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsStreaming);
+    for await (const c of stream) assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+    const message = (await stream.finalChatCompletion()).choices[0]!.message;
+    assert.deepEqual(
+      message.tool_calls?.map((t) => [t.id, t.function.name, t.function.arguments]),
+      [
+        ['call_a1', 'file_write', '{"filePath":"hello.py"}'],
+        ['call_b2', 'file_write', '{"filePath":"world.py"}'],
+      ],
     );
   });
 });
