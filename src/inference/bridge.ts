@@ -9,7 +9,8 @@
  * events fire), the bridge waits for it, appends the assistant turn and one
  * `tool` message per call, and asks again. The first round without tool calls
  * is the answer. Round `MAX_ROUNDS` is sent with `tool_choice: "none"`, so a
- * model that keeps calling tools is made to answer.
+ * model that keeps calling tools is made to answer; a worker that ignores it and
+ * calls tools anyway ends the request with `upstream_error`, its calls not run.
  *
  * Bounds: the whole exchange (rounds and tool runs) lives within the tier's
  * request deadline; once a streamed answer has started, the idle timeout
@@ -310,6 +311,13 @@ export class ToolBridge {
       const res = await r.send(body, this.abort.signal);
       const out = r.req.stream ? await this.streamRound(res) : await this.completeRound(res);
       if (out === 'answered') return 'completed';
+      if (round >= MAX_ROUNDS) {
+        // Some workers ignore tool_choice (Ollama's OpenAI layer does): the last
+        // round's calls are not run, and no further round is asked for.
+        throw new ServiceError('upstream_error', {
+          message: `The model kept calling tools after ${MAX_ROUNDS} rounds, the last with tool_choice "none"; the bridge stopped without an answer.`,
+        });
+      }
       messages.push({ role: 'assistant', content: out.content, tool_calls: out.toolCalls });
       const results = await Promise.all(out.toolCalls.map((c) => this.runCall(c)));
       out.toolCalls.forEach((c, i) =>

@@ -1,0 +1,177 @@
+/**
+ * The tool bridge's round limit (docs/EXEC.md: at most 8 rounds, the 8th sent with
+ * `tool_choice: "none"`) against a worker that ignores `tool_choice`, as Ollama's
+ * OpenAI layer does (ollama/ollama#8421, #17921): it calls a tool in every answer.
+ * The bridge must stop at round 8 without running the 8th round's calls, in both
+ * modes, instead of running tools round after round until the tier deadline.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import { MAX_ROUNDS } from '../../src/inference/bridge.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { AutoTransport } from './agents.js';
+import { enrollAgent, tool, type ExecProject } from './support.js';
+
+/** Answers every request with a call of `fs_read`, whatever `tool_choice` says. */
+async function toolHappyWorker() {
+  const seen: Array<{ toolChoice: unknown; stream: boolean }> = [];
+  let n = 0;
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (raw += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.end('');
+        return;
+      }
+      const body = JSON.parse(raw) as Record<string, unknown>;
+      seen.push({ toolChoice: body.tool_choice, stream: body.stream === true });
+      n++;
+      // A safety valve for the code under test: past 20 rounds, answer, so a bridge
+      // without a limit ends (the tier deadline runs on the fake clock).
+      const call = {
+        id: `call_${n}`,
+        type: 'function',
+        function: { name: 'fs_read', arguments: '{"path":"/etc/motd"}' },
+      };
+      const answer = n % 100 > 20;
+      const usage = { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 };
+      const head = { id: 'chatcmpl-ollama', created: 1743277352, model: 'qwen2.5-coder:7b' };
+      if (body.stream !== true) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(
+          JSON.stringify({
+            ...head,
+            object: 'chat.completion',
+            choices: [
+              {
+                index: 0,
+                message: answer
+                  ? { role: 'assistant', content: 'done' }
+                  : { role: 'assistant', content: '', tool_calls: [call] },
+                finish_reason: answer ? 'stop' : 'tool_calls',
+              },
+            ],
+            usage,
+          }),
+        );
+        return;
+      }
+      const chunk = (c: object) =>
+        `data: ${JSON.stringify({ ...head, object: 'chat.completion.chunk', ...c })}\n\n`;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(
+        chunk({
+          choices: [
+            {
+              index: 0,
+              delta: answer
+                ? { role: 'assistant', content: 'done' }
+                : { role: 'assistant', content: '', tool_calls: [{ index: 0, ...call }] },
+              finish_reason: null,
+            },
+          ],
+        }) +
+          chunk({
+            choices: [{ index: 0, delta: {}, finish_reason: answer ? 'stop' : 'tool_calls' }],
+          }) +
+          chunk({ choices: [], usage }) +
+          'data: [DONE]\n\n',
+      );
+    });
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    seen,
+    reset: () => {
+      seen.length = 0;
+      n = 0;
+    },
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+describe('tool bridge round limit with a worker that ignores tool_choice', () => {
+  let f: InferenceFixture;
+  let w: Awaited<ReturnType<typeof toolHappyWorker>>;
+  let t: AutoTransport;
+  before(async () => {
+    f = await inferenceFixture({ keyScopes: ['inference', 'execution'] });
+    w = await toolHappyWorker();
+    // The endpoint's worker is this one instead of the sim.
+    const del = await f.server.admin('DELETE', '/workers/sim-1');
+    assert.ok(del.status < 300, del.text);
+    const add = await f.server.admin('POST', '/workers', {
+      model: 'sim-model',
+      tier: 'cpu',
+      url: w.url,
+      id: 'ollama-like',
+    });
+    assert.ok(add.status < 300, add.text);
+    const m = await f.server.admin('POST', '/projects/inf/keys', { scopes: ['management'] });
+    const proj = await f.server.admin('GET', '/projects/inf');
+    const p: ExecProject = {
+      projectId: f.projectId,
+      projectUuid: String(proj.body.uuid),
+      slug: 'inf',
+      exec: f.key,
+      mgmt: String(m.body.key),
+      inference: f.key,
+    };
+    t = new AutoTransport(f.server.services.exec, () => ({ exitCode: 0, stdout: 'motd' }));
+    f.server.services.exec.setTransport(t);
+    await enrollAgent(f.server, p, {
+      name: 'rounds-agent',
+      tools: [tool('fs.read')],
+      transport: t,
+    });
+  });
+  after(async () => {
+    await f.close();
+    await w.close();
+  });
+
+  for (const stream of [false, true]) {
+    it(`${stream ? 'streaming' : 'non-streaming'}: round ${MAX_ROUNDS} is the last, its calls are not run`, async () => {
+      w.reset();
+      const ran = t.dispatched.length;
+      let status = 200;
+      try {
+        const body = {
+          model: 'x',
+          messages: [{ role: 'user' as const, content: 'Read the motd.' }],
+          x_exec: true,
+          ...(stream ? { stream: true } : {}),
+        };
+        const res = await f.client.chat.completions.create(
+          body as unknown as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming,
+        );
+        if (stream) {
+          for await (const _ of res as unknown as AsyncIterable<unknown>) void _;
+        }
+      } catch (err) {
+        assert.ok(err instanceof OpenAI.APIError, String(err));
+        status = err.status ?? 0;
+      }
+      assert.equal(w.seen.length, MAX_ROUNDS, 'upstream rounds');
+      assert.equal(w.seen.at(-1)!.toolChoice, 'none');
+      assert.equal(
+        t.dispatched.length - ran,
+        MAX_ROUNDS - 1,
+        'tools run: one per round before the last',
+      );
+      assert.equal(status, 502, 'the model never answered');
+    });
+  }
+});
