@@ -250,7 +250,11 @@ export class Dispatcher {
               ),
             );
         }
-        if (d.attemptCount >= this.maxAttempts || d.isActive !== 1) {
+        const final = d.eventType === 'webhook.test';
+        // A test delivery is one attempt: one claimed before (its dispatcher died
+        // with it, outcome unknown) is its last, as the 6th is for any other.
+        const spent = d.attemptCount >= (final ? 1 : this.maxAttempts);
+        if (spent || d.isActive !== 1) {
           await tx
             .update(D)
             .set({
@@ -260,12 +264,11 @@ export class Dispatcher {
               ...(d.isActive !== 1 ? { lastError: 'webhook endpoint disabled' } : {}),
             })
             .where(eq(D.id, d.id));
-          if (d.attemptCount >= this.maxAttempts) this.stats.permanentlyFailed++;
+          if (spent) this.stats.permanentlyFailed++;
           continue;
         }
         const attempt = d.attemptCount + 1;
         const token = d.leaseToken + 1;
-        const final = d.eventType === 'webhook.test';
         const retryAt =
           attempt < this.maxAttempts && !final
             ? now.getTime() + this.delays[attempt - 1]!
