@@ -1,7 +1,11 @@
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import http from 'node:http';
+import net, { type AddressInfo } from 'node:net';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
 import {
+  drained,
   isDone,
   parseSseStream,
   SSE_DONE,
@@ -307,5 +311,44 @@ describe('SSE writers', () => {
     assert.deepEqual(sseErrorBody('upstream_error', 'worker died'), {
       error: { message: 'worker died', type: 'server_error', code: 'upstream_error', param: null },
     });
+  });
+});
+
+describe('drained', () => {
+  it('resolves at once for a response already closed, or a request already aborted', async () => {
+    // A client that never reads, then leaves while the writer waits for a drain.
+    let res!: http.ServerResponse;
+    const server = http.createServer((_req, r) => {
+      res = r;
+      r.writeHead(200, { 'content-type': 'text/event-stream' });
+    });
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const client = net.connect((server.address() as AddressInfo).port, '127.0.0.1');
+    client.write('GET / HTTP/1.1\r\nHost: x\r\n\r\n');
+    await once(server, 'request');
+    client.pause();
+    const ac = new AbortController();
+    res.on('close', () => ac.abort());
+    const frame = sseData({ text: 'x'.repeat(64 * 1024) });
+    while (res.write(frame));
+    // The writer waits for the drain; the client leaves meanwhile.
+    const closed = once(res, 'close');
+    client.destroy();
+    await closed;
+    assert.equal(ac.signal.aborted, true);
+    // The next frame is refused as well; waiting for it must not hang.
+    assert.equal(res.write(frame), false);
+    const second = await Promise.race([
+      drained(res, ac.signal).then(() => 'resolved'),
+      new Promise((r) => setTimeout(() => r('hung'), 1000)),
+    ]);
+    assert.equal(second, 'resolved');
+    const aborted = await Promise.race([
+      drained({ destroyed: false, once() {}, off() {} } as never, ac.signal).then(() => 'resolved'),
+      new Promise((r) => setTimeout(() => r('hung'), 1000)),
+    ]);
+    assert.equal(aborted, 'resolved');
+    server.close();
   });
 });

@@ -242,9 +242,12 @@ export function sseError(code: ErrorCode, message?: string, param: string | null
 
 /**
  * Resolves when a client stream that refused a write can take more: it drained,
- * closed, or the request was aborted (back-pressure for SSE writers).
+ * closed, or the request was aborted (back-pressure for SSE writers). A stream
+ * already closed, or a request already aborted, resolves at once: their events
+ * have fired and will not fire again (a write to a closed response is refused too).
  */
 export function drained(raw: ServerResponse, signal: AbortLike): Promise<void> {
+  if (signal.aborted || raw.destroyed) return Promise.resolve();
   return new Promise((resolve) => {
     const done = () => {
       raw.off('drain', done);
