@@ -331,6 +331,17 @@ export class ToolBridge {
     this.usage = addUsage(this.usage, u);
   }
 
+  /**
+   * A streamed round that ended early (client gone, timeout, the worker's error)
+   * is billed as chat.ts bills such a stream: what it generated (the worker's count
+   * or the estimate of what streamed), and its prompt when the request was ended
+   * while the worker had it; a worker that failed before generating anything, free.
+   */
+  private addUnfinished(acc: StreamAccumulator, ended: boolean): void {
+    const s = acc.summary();
+    if (ended || s.usageReported || s.ttftMs !== null) this.addUsage(s.usage);
+  }
+
   private async completeRound(res: UpstreamResponse): Promise<Round | 'answered'> {
     const r = this.r;
     const text = await res.body.text();
@@ -407,11 +418,15 @@ export class ToolBridge {
         await this.forward(chunk);
       }
     } catch (err) {
-      if (this.abort.signal.aborted) throw new Aborted();
+      if (this.abort.signal.aborted) {
+        this.addUnfinished(acc, true);
+        throw new Aborted();
+      }
       r.logger.warn({ err }, 'worker stream failed (tool bridge)');
       upstreamError = 'The inference worker ended the stream.';
     }
     if (upstreamError !== null || !done) {
+      this.addUnfinished(acc, false);
       throw new ServiceError(this.headersSent ? 'cancelled' : 'upstream_error', {
         message: upstreamError ?? 'The inference worker ended the stream early.',
       });

@@ -6,6 +6,8 @@
  * not wait again on a socket that is gone: the request ends, `cancelled`, and its
  * usage record is written, instead of hanging forever (never recorded, never
  * leaving the router's set of open streams, its worker's slot never released).
+ * The record bills what streamed before the client left, as for any stream: the
+ * answer round in progress counts, not only the rounds that ran to their end.
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -127,5 +129,9 @@ describe('tool bridge: a streaming client that stops reading, then leaves', () =
       'the usage record of the abandoned stream',
     );
     assert.equal(row.status, 'cancelled');
+    // What streamed before the client left is billed, as for any stream (docs/INFERENCE.md,
+    // "Usage records"): the router's estimate, the worker sent no usage before the end.
+    assert.ok(row.promptTokens > 0, `prompt billed: ${row.promptTokens}`);
+    assert.ok(row.completionTokens > 100, `streamed tokens billed: ${row.completionTokens}`);
   });
 });
