@@ -2,7 +2,8 @@
  * One HTTP attempt of a webhook delivery: POST the exact body with the
  * signature headers through the SSRF-guarded agent, never following redirects
  * (a 3xx is a failed attempt), reading at most the first 1 KiB of the answer.
- * The 30-second limit is enforced by the caller through the abort signal.
+ * The 30-second limit is enforced by the caller through the abort signal; once
+ * the status is in, the answer counts whatever happens to its body.
  */
 import type { Dispatcher } from 'undici';
 import { request } from '../runtime/http-client.js';
@@ -43,15 +44,22 @@ export class HttpSender implements Sender {
     });
     const chunks: Buffer[] = [];
     let size = 0;
-    for await (const chunk of res.body) {
-      const b = chunk as Buffer;
-      chunks.push(b);
-      size += b.length;
-      // Enough for the stored prefix: stop reading a large or endless answer.
-      if (size >= RESPONSE_BODY_LIMIT) {
-        res.body.destroy();
-        break;
+    try {
+      for await (const chunk of res.body) {
+        const b = chunk as Buffer;
+        chunks.push(b);
+        size += b.length;
+        // Enough for the stored prefix: stop reading a large or endless answer.
+        if (size >= RESPONSE_BODY_LIMIT) {
+          res.body.destroy();
+          break;
+        }
       }
+    } catch {
+      // The status line decided the attempt (spec: a 2xx within 30 s is success);
+      // the body is only stored. One cut off by the time limit or a broken
+      // connection is kept as far as it came.
+      res.body.destroy();
     }
     const text = Buffer.concat(chunks).subarray(0, RESPONSE_BODY_LIMIT).toString('utf8');
     return { status: res.statusCode, body: text };

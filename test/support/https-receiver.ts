@@ -16,7 +16,13 @@ export interface ReceivedRequest {
   at: number;
 }
 
-export type Behaviour = 'ok' | 'fail' | 'hang' | 'reset' | 'redirect';
+/**
+ * `ok-unfinished`: 200 and the first bytes of a body that never ends (the
+ * receiver keeps the response open); `ok-reset`: 200 and part of the declared
+ * body, then the connection is reset.
+ */
+export type Behaviour =
+  'ok' | 'fail' | 'hang' | 'reset' | 'redirect' | 'ok-unfinished' | 'ok-reset';
 
 export interface Receiver {
   url: string;
@@ -103,6 +109,13 @@ export async function startReceiver(): Promise<Receiver> {
           req.socket.destroy();
           break;
         case 'hang':
+          break;
+        case 'ok-unfinished':
+          res.writeHead(200, { 'content-type': 'text/plain' }).write('thanks');
+          break;
+        case 'ok-reset':
+          res.writeHead(200, { 'content-type': 'text/plain', 'content-length': '100' });
+          res.write('thanks', () => req.socket.destroy());
           break;
       }
     };
