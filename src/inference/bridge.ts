@@ -39,6 +39,7 @@ import { Deadline } from './deadline.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier } from '../tiers/index.js';
 import {
+  estimatedUsage,
   normalizeCompletion,
   StreamAccumulator,
   upstreamErrorMessage,
@@ -227,6 +228,8 @@ export class ToolBridge {
   private serverEnded = false;
   private ttftMs: number | null = null;
   private fingerprint: string | null = null;
+  /** A round was sent to the worker and its usage is not counted yet. */
+  private roundOpen = false;
   /** `store: true` and streaming: the answer's chunks as sent, assembled. */
   private readonly kept: CompletionAssembler | null;
 
@@ -257,6 +260,12 @@ export class ToolBridge {
       outcome = await this.loop();
     } catch (err) {
       outcome = this.bound.timedOut ? 'timeout' : this.abort.signal.aborted ? 'cancelled' : 'error';
+      // A round the client or the deadline ended while the worker had it: the tokens it
+      // generated are unknown, its prompt was read, so that is billed at the router's
+      // estimate, as chat.ts bills such a request (docs/INFERENCE.md, "Usage records").
+      if (this.roundOpen && outcome !== 'error') {
+        this.addUsage(estimatedUsage(r.ctx.promptTokensEstimate ?? 0, 0));
+      }
       await this.fail(err);
     } finally {
       this.bound.clear();
@@ -308,6 +317,7 @@ export class ToolBridge {
     for (let round = 1; ; round++) {
       const body: Record<string, unknown> = { ...r.body, messages, tools };
       if (round >= MAX_ROUNDS) body.tool_choice = 'none';
+      this.roundOpen = true;
       const res = await r.send(body, this.abort.signal);
       const out = r.req.stream ? await this.streamRound(res) : await this.completeRound(res);
       if (out === 'answered') return 'completed';
@@ -327,6 +337,7 @@ export class ToolBridge {
   }
 
   private addUsage(u: Usage): void {
+    this.roundOpen = false;
     this.r.fixUsage(u);
     this.usage = addUsage(this.usage, u);
   }
