@@ -124,8 +124,11 @@ const clientSpans = new WeakMap<FastifyRequest, Span>();
 /** The worker of each request's latest upstream attempt, for its SERVER span. */
 const attemptWorker = new WeakMap<FastifyRequest, string>();
 
-/** Request fields that stay with the router and are not forwarded to workers. */
-const ROUTER_ONLY_FIELDS = [
+/**
+ * Request fields that stay with the router and are not forwarded to workers, with
+ * those the router sets itself (`stream_options` for a stream, below).
+ */
+const ROUTER_ONLY_FIELDS = new Set([
   'x_exec',
   WORKSPACE_FIELD,
   'service_tier',
@@ -136,27 +139,27 @@ const ROUTER_ONLY_FIELDS = [
   // The router sets it for workers that order their queue by it (routing/prefill-order.ts);
   // a client's own would let one tenant jump the others' queue.
   'priority',
-] as const;
+  'stream_options',
+]);
 
 const PRIORITY_MULTIPLIER = 1.25;
 
 type Outcome = 'completed' | 'error' | 'timeout' | 'cancelled';
 
 function upstreamBody(req: ChatRequest, model: string, maxTokens: number): Record<string, unknown> {
-  const body: Record<string, unknown> = { ...req.body };
-  for (const f of ROUTER_ONLY_FIELDS) delete body[f];
+  // A copy that leaves fields out rather than a spread and `delete`s: deleting puts an
+  // object in V8's slow dictionary mode, and the copy, its `JSON.stringify` included,
+  // cost about a third (1.2 µs against 3.9 on the 2-core VM, a bench-sized body).
+  const body: Record<string, unknown> = {};
+  for (const k in req.body) if (!ROUTER_ONLY_FIELDS.has(k)) body[k] = req.body[k];
   body.model = model;
   body.max_tokens = maxTokens;
   // The spec's defaults (0.7, 0.9) for an omitted or null value, sent explicitly:
   // vLLM, SGLang or llama.cpp would otherwise sample with their own.
   body.temperature = req.temperature;
   body.top_p = req.topP;
-  if (req.stream) {
-    // Usage is always tracked for billing, whatever the client asked for.
-    body.stream_options = { include_usage: true };
-  } else {
-    delete body.stream_options;
-  }
+  // Usage is always tracked for billing, whatever the client asked for.
+  if (req.stream) body.stream_options = { include_usage: true };
   return body;
 }
 
