@@ -320,6 +320,7 @@ export class ChatCompletions {
       logprobs: req.logprobs,
       predictionUsed: req.predictionText !== undefined,
       promptTokensEstimate: promptTokens,
+      includeUsage: req.stream && req.includeUsage,
     };
     const run: Run = {
       request,

@@ -55,6 +55,13 @@ export interface ReframeContext {
   readonly predictionUsed?: boolean;
   /** Router-side prompt estimate, used only when the worker reports no usage. */
   readonly promptTokensEstimate?: number;
+  /**
+   * The request's `stream_options.include_usage`: every chunk but the final usage
+   * chunk then carries `usage: null`, as OpenAI's do (its stream schema: "When
+   * present, it contains a null value except for the last chunk"); without it no
+   * chunk has the field.
+   */
+  readonly includeUsage?: boolean;
 }
 
 export interface Usage {
@@ -123,7 +130,7 @@ export interface ChatCompletionChunk {
   service_tier: ServiceTierName;
   system_fingerprint: string | null;
   choices: ChunkChoice[];
-  usage?: Usage;
+  usage?: Usage | null;
 }
 
 export interface ResponseMessage {
@@ -578,7 +585,7 @@ function reframeInto(
     if (choice !== null) (choices ??= []).push(choice);
   }
   if (choices === undefined) return null;
-  return {
+  const chunk: ChatCompletionChunk = {
     id: ctx.id,
     object: 'chat.completion.chunk',
     created: ctx.created,
@@ -587,6 +594,8 @@ function reframeInto(
     system_fingerprint: asString(body.system_fingerprint) ?? null,
     choices,
   };
+  if (ctx.includeUsage === true) chunk.usage = null;
+  return chunk;
 }
 
 /**
