@@ -124,14 +124,19 @@ export class Dispatcher {
     if (this.leaseMs <= this.timeoutMs)
       throw new Error('the lease must outlast the attempt timeout');
     const now = sql.placeholder('now');
+    // The claim's own conditions, the webhook's being active included: a disabled
+    // webhook's waiting retries are not due, or every poll would run a claim's
+    // transaction that finds nothing for as long as the webhook stays disabled.
     this.dueProbe = db
       .select({ id: D.id })
       .from(D)
+      .innerJoin(E, eq(E.id, D.endpointId))
       .where(
         and(
           eq(D.status, 'pending'),
           sql`${D.nextAttemptAt} <= ${now}`,
           sql`(${D.leaseUntil} is null or ${D.leaseUntil} <= ${now})`,
+          eq(E.isActive, 1),
         ),
       )
       .limit(1)
@@ -158,8 +163,7 @@ export class Dispatcher {
         const free = this.batchSize - running.size;
         if (free > 0) {
           try {
-            const due = await this.dueProbe.execute({ now: new Date(this.clock.now()) });
-            const claimed = due.length > 0 ? await this.claim(free) : [];
+            const claimed = (await this.anyDue()) ? await this.claim(free) : [];
             n = claimed.length;
             for (const c of claimed) {
               const p: Promise<unknown> = this.attempt(c)
@@ -188,6 +192,12 @@ export class Dispatcher {
       // Stopping: attempts in flight finish and record their outcome.
       await Promise.all(running);
     })();
+  }
+
+  /** Whether a claim now would find a delivery: the idle loop's one query per poll. */
+  async anyDue(): Promise<boolean> {
+    const due = await this.dueProbe.execute({ now: new Date(this.clock.now()) });
+    return due.length > 0;
   }
 
   /** Nudges an idle loop (after an event was emitted in this process). */

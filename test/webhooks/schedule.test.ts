@@ -173,9 +173,11 @@ describe('webhook delivery schedule', () => {
     await setActive(false);
     s.clock.advance(RETRY_DELAYS_MS[0] * 10);
     assert.equal(await s.services.dispatcher.tick(), 0, 'nothing sent while disabled');
+    assert.equal(await s.services.dispatcher.anyDue(), false, 'the idle poll sees nothing due');
     const waiting = await delivery(id);
     assert.deepEqual([waiting.status, waiting.attemptCount], ['pending', 1]);
     await setActive(true);
+    assert.equal(await s.services.dispatcher.anyDue(), true);
     assert.equal(await s.services.dispatcher.tick(), 1);
     const d = await delivery(id);
     assert.deepEqual([d.status, d.attemptCount, d.httpStatus], ['delivered', 2, 204]);
