@@ -21,6 +21,13 @@ describe('key IP filters', () => {
     [['2001:db8::1'], [], '2001:0db8:0000::1', true, 'IPv6 spelled differently'],
     [[], ['::1'], '::1', false, 'blocked IPv6 loopback'],
     [['10.0.0.1'], [], 'garbage', false, 'unparseable client address with a list'],
+    [[], ['::/0'], '203.0.113.9', true, 'blocking every IPv6 client leaves IPv4 ones'],
+    [[], ['::/0'], '::ffff:203.0.113.9', true, 'a mapped IPv4 client is IPv4 there too'],
+    [[], ['::/0'], '2001:db8::1', false, 'blocking every IPv6 client blocks IPv6 ones'],
+    [['::/0'], [], '203.0.113.9', false, 'allowing every IPv6 client admits no IPv4 one'],
+    [['::/0'], [], '2001:db8::1', true, 'allowing every IPv6 client admits IPv6 ones'],
+    [['0.0.0.0/0'], [], '2001:db8::1', false, 'allowing every IPv4 client admits no IPv6 one'],
+    [['::/0', '0.0.0.0/0'], [], '198.51.100.7', true, 'both families allowed'],
   ];
   for (const [allowedIps, blockedIps, addr, expected, what] of cases) {
     it(what, () => {
