@@ -20,6 +20,12 @@ export function isIpOrCidr(s: string): boolean {
   return bits <= (family === 4 ? 32 : 128);
 }
 
+/**
+ * The latest `expiresAt`: a time zone offset can put a timestamp of the year 9999 into
+ * the year 10000 UTC, which a timestamp is not written in (a 500 at the insert).
+ */
+const LAST_TIMESTAMP_MS = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
+
 const ipList = z
   .array(z.string().refine(isIpOrCidr, 'must be an IPv4 or IPv6 address or CIDR range'))
   .max(256);
@@ -32,7 +38,14 @@ export const createKeyBody = z
       .min(1)
       .refine((a) => new Set(a).size === a.length, 'must not repeat a scope')
       .optional(),
-    expiresAt: z.iso.datetime({ offset: true }).nullable().optional(),
+    expiresAt: z.iso
+      .datetime({ offset: true })
+      .refine(
+        (v) => new Date(v).getTime() <= LAST_TIMESTAMP_MS,
+        'must not be later than 9999-12-31T23:59:59.999Z',
+      )
+      .nullable()
+      .optional(),
     allowedIps: ipList.optional(),
     blockedIps: ipList.optional(),
     quotaRequests: z.number().int().min(1).max(1_000_000_000).optional(),

@@ -90,6 +90,25 @@ describe('key management API', () => {
     assert.equal((past.body.error as Record<string, unknown>).param, 'expiresAt');
   });
 
+  it('an expiresAt past the year 9999 (UTC) is a 400 naming it, not a 500; the last instant before it is kept', async () => {
+    // 9999-12-31T23:59:59-23:59 is in the year 10000 UTC, which a timestamp cannot be written as.
+    for (const expiresAt of ['9999-12-31T23:59:59-23:59', '9999-12-31T23:59:59-01:00']) {
+      const r = await s.call('POST', keys(), { key: mgmt, body: { expiresAt } });
+      assert.equal(r.status, 400, r.text);
+      assert.equal((r.body.error as Record<string, unknown>).param, 'expiresAt');
+      const admin = await s.admin('POST', '/projects/life/keys', { expiresAt });
+      assert.equal(admin.status, 400, admin.text);
+    }
+    const last = await s.call('POST', keys(), {
+      key: mgmt,
+      body: { expiresAt: '9999-12-31T23:59:59.999Z' },
+    });
+    assert.equal(last.status, 201, last.text);
+    assert.equal(last.body.expiresAt, '9999-12-31T23:59:59.999Z');
+    const got = await s.call('GET', keys(`/${String(last.body.id)}`), { key: mgmt });
+    assert.equal(got.body.expiresAt, '9999-12-31T23:59:59.999Z');
+  });
+
   it('rotation: new value at once, old value for exactly 24 hours, prefix reset, new scopes', async () => {
     const c = await s.call('POST', keys(), { key: mgmt, body: { scopes: ['inference'] } });
     const id = String(c.body.id);
