@@ -9,7 +9,7 @@
  *   user token (`Authorization: Bearer swyu_…`) and the user's project role,
  *   not by an API key.
  */
-import type { Limits } from '../http/limits.js';
+import { managementHeaders, type Limits } from '../http/limits.js';
 import type {
   FastifyInstance,
   FastifyPluginAsync,
@@ -196,18 +196,20 @@ function execBodies(app: FastifyInstance): void {
 function brokerScope(verifier: KeyVerifier, limits: Limits): preHandlerAsyncHookHandler {
   return async (request, reply) => {
     const { projectId } = request.params as { projectId: string };
-    const key = await authenticateKey(
-      verifier,
-      request,
-      projectId,
-      null,
-      { surface: 'exec', quota: limits, projectWide: 'the execution surface' },
-      reply,
-    );
+    const key = await authenticateKey(verifier, request, projectId, null, {
+      surface: 'exec',
+      projectWide: 'the execution surface',
+    });
     if (!key.scopes.includes('execution') && !key.scopes.includes('management')) {
       throw new ServiceError('scope_insufficient', {
         message: "This route requires the 'execution' scope.",
       });
+    }
+    // After the scope, as authenticateKey counts it: a refused key spends no unit.
+    const d = await limits.keyQuota(key);
+    if (d) {
+      request.keyQuota = d;
+      reply.headers(managementHeaders(d));
     }
   };
 }

@@ -166,4 +166,20 @@ describe('outside inference the X-RateLimit-* headers follow the binding rule: t
     }
     assert.deepEqual(limits(await get('/chat/v1/files', key)), [200, 3, 2]);
   });
+  it('a key lacking the scope of the broker route gets 403 every time and spends no quota unit', async () => {
+    f.server.clock.advance(WINDOW_S * 1000);
+    const r0 = await f.server.admin('POST', '/projects/inf/keys', {
+      scopes: ['inference'],
+      quotaRequests: 2,
+      quotaWindow: WINDOW_S,
+    });
+    assert.equal(r0.status, 201, r0.text);
+    const key = String(r0.body.key);
+    for (let i = 0; i < 3; i++) {
+      const r = await get('/v1/exec/broker', key);
+      assert.equal(r.status, 403, r.text);
+      assert.equal((r.body.error as Record<string, unknown>).code, 'scope_insufficient');
+    }
+    assert.deepEqual(limits(await get('/v1/models', key)), [200, 2, 1]);
+  });
 });
