@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-import type { Res } from '../support/harness.js';
+import { http, type Res } from '../support/harness.js';
 
 const WINDOW_S = 60;
 
@@ -166,6 +166,31 @@ describe('outside inference the X-RateLimit-* headers follow the binding rule: t
     }
     assert.deepEqual(limits(await get('/chat/v1/files', key)), [200, 3, 2]);
   });
+  it('the MCP server and the broker route send the quota headers on every answer, not only on the 429', async () => {
+    f.server.clock.advance(WINDOW_S * 1000);
+    const key = await mk(3);
+    const mcp = () =>
+      http('POST', `${f.server.url}/${f.projectId}/v1/mcp`, {
+        auth: `Bearer ${key}`,
+        headers: { accept: 'application/json, text/event-stream' },
+        body: {
+          jsonrpc: '2.0',
+          id: 1,
+          method: 'initialize',
+          params: {
+            protocolVersion: '2025-03-26',
+            capabilities: {},
+            clientInfo: { name: 'quota-test', version: '1' },
+          },
+        },
+      });
+    assert.deepEqual(limits(await mcp()), [200, 3, 2]);
+    assert.deepEqual(limits(await mcp()), [200, 3, 1]);
+    // No transport on this router: 503, still with the quota it spent.
+    assert.deepEqual(limits(await get('/v1/exec/broker', key)), [503, 3, 0]);
+    assert.deepEqual(limits(await mcp()), [429, 3, 0]);
+  });
+
   it('a key lacking the scope of the broker route gets 403 every time and spends no quota unit', async () => {
     f.server.clock.advance(WINDOW_S * 1000);
     const r0 = await f.server.admin('POST', '/projects/inf/keys', {
