@@ -214,7 +214,9 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       async (request) => {
         const key = request.apiKey!;
         const rows = await s.endpoints.list(key.projectId);
-        return { object: 'list', data: rows.map(toEndpointRecord) };
+        // A key bound to one endpoint (spec: 403 on any other) sees only that one.
+        const seen = key.endpointId === null ? rows : rows.filter((e) => e.id === key.endpointId);
+        return { object: 'list', data: seen.map(toEndpointRecord) };
       },
     );
 

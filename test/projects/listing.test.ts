@@ -176,6 +176,20 @@ describe('project read routes', () => {
     assert.equal(unbound.status, 200, unbound.text);
   });
 
+  it('a key bound to an endpoint lists that endpoint only', async () => {
+    const k = await s.admin('POST', '/projects/shapes/keys', {
+      scopes: ['inference'],
+      endpointId: p.endpointId,
+    });
+    assert.equal(k.status, 201, k.text);
+    const r = await s.call('GET', `/${p.projectId}/v1/endpoints`, { key: String(k.body.key) });
+    assert.equal(r.status, 200, r.text);
+    const slugs = (r.body.data as Array<Record<string, unknown>>).map((e) => e.slug);
+    assert.deepEqual(slugs, ['main']);
+    const all = await s.call('GET', `/${p.projectId}/v1/endpoints`, { key: p.key });
+    assert.ok((all.body.data as unknown[]).length > 1, 'the project has other endpoints');
+  });
+
   it('an endpoint-scoped base URL can list its model (SDK models.list())', async () => {
     const r = await s.call('GET', `/${p.projectId}/main/v1/models`, { key: p.key });
     assert.equal(r.status, 200);
