@@ -17,6 +17,9 @@ import { tables } from '../store/index.js';
 
 const { endpoints, models } = tables;
 
+/** A path segment of this shape names an endpoint by its id, any other by its slug. */
+export const ENDPOINT_ID_SHAPE = /^[0-9a-f-]{36}$/i;
+
 export const ENDPOINT_STATUSES = ['active', 'provisioning', 'suspended', 'error'] as const;
 export type EndpointStatus = (typeof ENDPOINT_STATUSES)[number];
 
@@ -194,7 +197,7 @@ export class EndpointRepository {
   }
 
   async get(projectId: string, idOrSlug: string): Promise<Endpoint | null> {
-    const byId = /^[0-9a-f-]{36}$/i.test(idOrSlug);
+    const byId = ENDPOINT_ID_SHAPE.test(idOrSlug);
     const rows = await this.db
       .select(columns)
       .from(endpoints)

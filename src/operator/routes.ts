@@ -6,7 +6,12 @@
 import { passwordProblem } from '../dashboard/passwords.js';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { z } from 'zod';
-import { CUSTOM_DOMAIN_KEY, provisioningFor, toEndpointRecord } from '../endpoints/repository.js';
+import {
+  CUSTOM_DOMAIN_KEY,
+  ENDPOINT_ID_SHAPE,
+  provisioningFor,
+  toEndpointRecord,
+} from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
 import { SLUG_PATTERN } from '../keys/index.js';
@@ -25,7 +30,11 @@ import { workerModel, workerProject, workerUrl } from './worker-fields.js';
 
 const slug = z.string().regex(SLUG_PATTERN, 'must be lowercase letters, digits and dashes');
 /** `v1` would shadow the project-level routes (`/<project_id>/v1/...`). */
-const endpointSlug = slug.refine((v) => v !== 'v1', 'v1 is reserved');
+// A path segment shaped like a UUID names an endpoint by its id (endpoints/repository.ts
+// `get`), so such a slug could never be reached.
+const endpointSlug = slug
+  .refine((v) => v !== 'v1', 'v1 is reserved')
+  .refine((v) => !ENDPOINT_ID_SHAPE.test(v), 'must not have the shape of an endpoint id (UUID)');
 /** Credit in cents: an exact integer in JSON (see MAX_CREDIT_CENTS). */
 const creditCents = z.number().int().min(0).max(MAX_CREDIT_CENTS);
 /** A model name's limit (the Models API's too). */

@@ -76,6 +76,19 @@ describe('operator API', () => {
       'url',
     ],
     ['/workers', 'url with a user', { model: 'm', tier: 'cpu', url: 'http://user@h:1/v1' }, 'url'],
+    [
+      '/projects/acme/endpoints',
+      'endpoint slug v1',
+      { slug: 'v1', name: 'x', model: 'm', tier: 'cpu' },
+      'slug',
+    ],
+    // Such a path segment is taken for an endpoint id: the endpoint could not be reached.
+    [
+      '/projects/acme/endpoints',
+      'endpoint slug shaped like a UUID',
+      { slug: '0f8e2a4c-1b3d-4e5f-8a9b-0c1d2e3f4a5b', name: 'x', model: 'm', tier: 'cpu' },
+      'slug',
+    ],
   ];
   for (const [path, what, body, param] of badBodies) {
     it(`400 invalid_body for ${path}: ${what}`, async () => {
