@@ -164,7 +164,22 @@ export class UploadService {
       }
       await writer.end();
       const now = new Date(this.clock.now());
-      await this.db.insert(P).values({ id, uploadId, bytes: writer.bytes, createdAt: now });
+      await this.db.transaction(async (tx) => {
+        // Cancelled, completed or expired while the part streamed: the part is refused
+        // (a part kept now would belong to no pending upload and never be dropped).
+        const [u] = await tx
+          .select({ status: U.status, expiresAt: U.expiresAt })
+          .from(U)
+          .where(eq(U.id, uploadId))
+          .for('update');
+        const status = u && u.expiresAt <= now && u.status === 'pending' ? 'expired' : u?.status;
+        if (status !== 'pending') {
+          throw new ServiceError('invalid_state', {
+            message: `The upload is ${status}; only a pending upload takes parts or completes.`,
+          });
+        }
+        await tx.insert(P).values({ id, uploadId, bytes: writer.bytes, createdAt: now });
+      });
       inserted = true;
       // Parts streamed side by side each saw the others' bytes missing: count again.
       if ((await this.partBytes(uploadId)) > maxFileBytes) throw partsTooLarge(maxFileBytes);

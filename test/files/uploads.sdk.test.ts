@@ -228,3 +228,65 @@ describe('uploads with the OpenAI SDK', () => {
     assert.match(expired.message, /expired/);
   });
 });
+
+describe('a part still streaming when its upload is cancelled', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture();
+  });
+  after(() => f.close());
+
+  it('is refused with 409 invalid_state and leaves nothing stored', async () => {
+    const upload = await f.client.uploads.create({
+      filename: 'r.bin',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'application/octet-stream',
+    });
+    const db = f.server.services.store.db;
+    const chunkOwners = async () =>
+      (await db.select({ owner: tables.blobChunks.owner }).from(tables.blobChunks))
+        .map((c) => c.owner)
+        .filter((o) => o.startsWith('part_'));
+    const before = await chunkOwners();
+    // The part's first MiB reaches the database; the rest waits for `go`.
+    let go!: () => void;
+    const gate = new Promise<void>((r) => (go = r));
+    const head =
+      '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
+      'Content-Type: application/octet-stream\r\n\r\n';
+    const body = new ReadableStream<Uint8Array>({
+      async start(c) {
+        c.enqueue(Buffer.from(head));
+        c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
+        await gate;
+        c.enqueue(Buffer.from('tail\r\n--zz--\r\n'));
+        c.close();
+      },
+    });
+    const res = fetch(`${f.baseURL}/uploads/${upload.id}/parts`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${f.key}`,
+        'content-type': 'multipart/form-data; boundary=zz',
+      },
+      body,
+      duplex: 'half',
+    } as RequestInit);
+    for (let i = 0; i < 500 && (await chunkOwners()).length === before.length; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal((await f.client.uploads.cancel(upload.id)).status, 'cancelled');
+    go();
+    const r = await res;
+    const e = ((await r.json()) as { error?: { code: string } }).error;
+    assert.equal(r.status, 409);
+    assert.equal(e?.code, 'invalid_state');
+    const parts = await db.select().from(tables.uploadParts);
+    assert.deepEqual(
+      parts.filter((x) => x.uploadId === upload.id),
+      [],
+    );
+    assert.deepEqual(await chunkOwners(), before);
+  });
+});
