@@ -99,6 +99,8 @@ export class BatchRunner {
   private running = false;
   private loop: Promise<void> | null = null;
   private wake: (() => void) | null = null;
+  /** Wake-ups of the batches waiting out a Retry-After (a stop ends their wait). */
+  private readonly backoffs = new Set<() => void>();
   private readonly active = new Set<Promise<void>>();
   private readonly pollMs: number;
   private readonly leaseMs: number;
@@ -171,20 +173,25 @@ export class BatchRunner {
   async stop(): Promise<void> {
     this.running = false;
     this.wake?.();
+    for (const wake of [...this.backoffs]) wake();
     await this.loop;
   }
 
-  private sleep(ms: number): Promise<void> {
+  /**
+   * The idle loop's sleep (`poke` ends it), or with `backoff` a batch's wait for a
+   * Retry-After, which has its own wake-up so that neither takes the other's.
+   */
+  private sleep(ms: number, backoff = false): Promise<void> {
     return new Promise<void>((resolve) => {
-      const t = setTimeout(() => {
-        this.wake = null;
-        resolve();
-      }, ms);
-      this.wake = () => {
+      const wake = () => {
         clearTimeout(t);
-        this.wake = null;
+        if (backoff) this.backoffs.delete(wake);
+        else if (this.wake === wake) this.wake = null;
         resolve();
       };
+      const t = setTimeout(wake, ms);
+      if (backoff) this.backoffs.add(wake);
+      else this.wake = wake;
     });
   }
 
@@ -260,7 +267,8 @@ export class BatchRunner {
         if (lines.length === 0) return await this.finalize(b, 'completed');
         const { lost, backoffMs } = await this.runLines(b, lines);
         if (lost) return;
-        if (backoffMs > 0 && this.running) await this.sleep(Math.min(backoffMs, MAX_BACKOFF_MS));
+        if (backoffMs > 0 && this.running)
+          await this.sleep(Math.min(backoffMs, MAX_BACKOFF_MS), true);
       }
     } catch (err) {
       if (err instanceof LostLease) return;

@@ -2,15 +2,18 @@
  * The batch runner across instances and its internal authentication:
  * two runners on one database run every request exactly once (counted at the
  * worker); a live lease keeps a batch from a second runner and an expired one
- * lets it take over; the internal credential is refused from the network.
+ * lets it take over; a stop does not wait out a batch's Retry-After; the internal
+ * credential is refused from the network.
  */
 import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
+import { eq } from 'drizzle-orm';
+import OpenAI, { toFile } from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { INTERNAL_KEY_HEADER, internalKeyCredential } from '../../src/http/internal-key.js';
 import { tables } from '../../src/store/index.js';
 import { http } from '../support/harness.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
+import { inferenceFixture, until, type InferenceFixture } from '../support/inference.js';
 import { chatLine, readLines, uploadBatchInput, waitForStatus } from './support.js';
 
 describe('batch runner', () => {
@@ -82,6 +85,42 @@ describe('batch runner', () => {
     }
     const done = await f.client.batches.retrieve(batch.id);
     assert.deepEqual(done.request_counts, { total: 2, completed: 2, failed: 0 });
+  });
+
+  it('stops promptly while a batch waits out a Retry-After, and gives its lease back', async () => {
+    // A key whose quota (upload, create, one request) runs out for an hour: the
+    // second request is a 429 whose Retry-After the runner waits (at most 30 s).
+    const k = await f.server.admin('POST', '/projects/inf/keys', {
+      scopes: ['inference'],
+      quotaRequests: 3,
+      quotaWindow: 3600,
+    });
+    const client = new OpenAI({ baseURL: f.baseURL, apiKey: String(k.body.key), maxRetries: 0 });
+    const input = await client.files.create({
+      file: await toFile(Buffer.from(`${chatLine('w-0')}\n${chatLine('w-1')}\n`), 'w.jsonl'),
+      purpose: 'batch',
+    });
+    const batch = await client.batches.create({
+      input_file_id: input.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    });
+    const runner = new BatchRunner(f.server.services, f.server.app, { pollMs: 5, concurrency: 1 });
+    const before = f.worker.stats().received;
+    runner.start();
+    await until(() => runner.stats.requests >= 2, 'the second request', 200_000);
+    // Let the idle loop go round a few times while the batch waits.
+    await new Promise((r) => setTimeout(r, 50));
+    const started = Date.now();
+    await runner.stop();
+    const took = Date.now() - started;
+    assert.ok(took < 5000, `stop took ${took} ms`);
+    assert.equal(f.worker.stats().received - before, 1);
+    const [row] = await f.server.services.store.db
+      .select({ status: tables.batches.status, leaseUntil: tables.batches.leaseUntil })
+      .from(tables.batches)
+      .where(eq(tables.batches.id, batch.id));
+    assert.deepEqual(row, { status: 'in_progress', leaseUntil: null });
   });
 
   it('refuses the internal credential from the network, even a genuine one', async () => {
