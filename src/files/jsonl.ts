@@ -8,7 +8,8 @@
  * null (decoding would put U+FFFD in place of its bytes and send changed text to
  * the model), and the checker refuses it. `BatchLineChecker` checks each line against
  * OpenAI's batch input format: an object `{custom_id, method: "POST", url, body}`
- * with a non-empty `custom_id` unique in the file, a supported `url`, a `body`
+ * with a non-empty `custom_id` unique in the file (without U+0000 or a lone
+ * surrogate, which the database cannot keep as sent), a supported `url`, a `body`
  * object (not streamed), and at most `MAX_BATCH_REQUESTS` requests. A violation is
  * 400 `invalid_value` naming the line, `param` the request field that carried the
  * content (`file` for the Files API).
@@ -90,6 +91,11 @@ export class BatchLineChecker {
     const { custom_id: customId, method, url, body } = v;
     if (typeof customId !== 'string' || customId === '') {
       this.fail(lineNo, "'custom_id' must be a non-empty string.");
+    }
+    // What PostgreSQL's text cannot hold as sent (a lone surrogate would be stored as
+    // U+FFFD, and the results' custom_id would not be the input's).
+    if (customId.includes('\u0000') || !customId.isWellFormed()) {
+      this.fail(lineNo, "'custom_id' holds a NUL character or a lone UTF-16 surrogate.");
     }
     if (customId.length > MAX_CUSTOM_ID) {
       this.fail(lineNo, `'custom_id' is longer than ${MAX_CUSTOM_ID} characters.`);

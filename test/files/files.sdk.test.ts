@@ -148,6 +148,10 @@ describe('files with the OpenAI SDK', () => {
       ],
       [JSON.stringify({ custom_id: 'a', method: 'POST', url: '/v1/embeddings' }), /'body'/],
       [JSON.stringify({ method: 'POST', url: '/v1/embeddings', body: {} }), /custom_id/],
+      // A custom_id the database cannot hold as sent (a lone surrogate would come back
+      // in the output as U+FFFD; U+0000 failed the batch's creation).
+      [`${line('a')}\n${line('x\ud800y')}\n`, /Line 2.*'custom_id'/],
+      [line('a\u0000b'), /Line 1.*'custom_id'/],
       ['\n\n', /no requests/],
     ];
     for (const [text, message] of cases) {
