@@ -41,6 +41,20 @@ function fileTooLarge(max: number): ServiceError {
   });
 }
 
+/**
+ * `attachment` with the file's name (RFC 6266): `filename*` in RFC 8187's UTF-8
+ * percent-encoding, and a plain ASCII `filename` for clients that read only that
+ * (taken as written, so it is not percent-encoded; other characters become `_`).
+ */
+function contentDisposition(filename: string): string {
+  const ascii = filename.replace(/[^\x20-\x7e]|["\\]/g, '_');
+  const encoded = encodeURIComponent(filename).replace(
+    /['()*]/g,
+    (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`,
+  );
+  return `attachment; filename="${ascii}"; filename*=UTF-8''${encoded}`;
+}
+
 function requireMultipart(request: FastifyRequest, field: string): void {
   if (!request.isMultipart()) {
     throw new ServiceError('unsupported_media_type', {
@@ -226,10 +240,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
       app.get<{ Params: P }>(`${base}/files/:fileId/content`, async (r, reply) => {
         const file = await files.get(projectOf(r), r.params.fileId, null, boundTo(r));
         reply.header('content-length', String(file.bytes));
-        reply.header(
-          'content-disposition',
-          `attachment; filename="${encodeURIComponent(file.filename)}"`,
-        );
+        reply.header('content-disposition', contentDisposition(file.filename));
         return reply.type('application/octet-stream').send(Readable.from(files.content(file.id)));
       });
 

@@ -79,6 +79,28 @@ describe('files with the OpenAI SDK', () => {
     await f.client.files.delete(other.id);
   });
 
+  it('names the download in Content-Disposition as uploaded, spaces and non-ASCII too', async () => {
+    const name = 'my results (1) é.jsonl';
+    const file = await f.client.files.create({
+      file: await toFile(Buffer.from('notes'), name),
+      purpose: 'user_data',
+    });
+    assert.equal(file.filename, name);
+    const res = await fetch(`${f.baseURL}/files/${file.id}/content`, {
+      headers: { authorization: `Bearer ${f.key}` },
+    });
+    assert.equal(await res.text(), 'notes');
+    const cd = res.headers.get('content-disposition') ?? '';
+    assert.match(cd, /^attachment; /);
+    // RFC 6266: `filename*` carries the name (RFC 8187 encoding), `filename` a plain
+    // quoted fallback, taken as written (no percent-decoding).
+    const star = /filename\*=UTF-8''([^;\s]+)/.exec(cd)?.[1];
+    assert.equal(star && decodeURIComponent(star), name, cd);
+    assert.match(star!, /^[A-Za-z0-9!#$&+\-.^_`|~%]+$/);
+    assert.equal(/filename="([^"]*)"/.exec(cd)?.[1], 'my results (1) _.jsonl', cd);
+    await f.client.files.delete(file.id);
+  });
+
   it('pages with limit and after, newest first or in order=asc; the SDK follows the cursor', async () => {
     const ids: string[] = [];
     for (let i = 0; i < 5; i++) {
