@@ -20,7 +20,12 @@ interface P {
 
 export function batchRoutes(s: Services): FastifyPluginAsync {
   return async (app: FastifyInstance) => {
-    const batches = new BatchService(s.store.db, s.clock, new FileService(s.store.db, s.clock));
+    const batches = new BatchService(
+      s.store.db,
+      s.clock,
+      new FileService(s.store.db, s.clock),
+      s.config.maxBodyBytes,
+    );
     for (const hook of surfaceAccess(s)) app.addHook('preParsing', hook);
     const key = (r: FastifyRequest) => r.apiKey!;
     const base = '/:projectId/:endpointSlug/v1/batches';

@@ -96,6 +96,8 @@ export class BatchService {
     private readonly db: Db,
     private readonly clock: Clock,
     private readonly files: FileService,
+    /** The request body limit a line's body must fit (files/jsonl.ts). */
+    private readonly maxBodyBytes = Infinity,
   ) {}
 
   async create(key: KeyRecord, endpoint: Endpoint, raw: unknown): Promise<BatchObject> {
@@ -131,7 +133,7 @@ export class BatchService {
         expiresAt: new Date(now + COMPLETION_WINDOW_MS),
         createdAt: new Date(now),
       });
-      const checker = new BatchLineChecker('input_file_id');
+      const checker = new BatchLineChecker('input_file_id', this.maxBodyBytes);
       let group: (typeof R.$inferInsert)[] = [];
       let idx = 0;
       const splitter = new LineSplitter((text, lineNo) => {
@@ -149,7 +151,7 @@ export class BatchService {
           customId: line.customId,
           body: JSON.stringify(line.body),
         });
-      });
+      }, checker.maxLineBytes);
       const flush = async () => {
         if (group.length) await tx.insert(R).values(group);
         group = [];

@@ -1,11 +1,17 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ServiceError } from '../errors/index.js';
-import { BATCH_URLS, BatchLineChecker, LineSplitter, MAX_BATCH_REQUESTS } from './jsonl.js';
+import {
+  BATCH_URLS,
+  BatchLineChecker,
+  LineSplitter,
+  MAX_BATCH_REQUESTS,
+  type LongLine,
+} from './jsonl.js';
 
 /** Every line the splitter hands over, as `[lineNo, text]`, for `chunks` pushed in turn. */
-function split(...chunks: (string | Buffer)[]): [number, string | null][] {
-  const out: [number, string | null][] = [];
+function split(...chunks: (string | Buffer)[]): [number, string | null | LongLine][] {
+  const out: [number, string | null | LongLine][] = [];
   const s = new LineSplitter((line, n) => out.push([n, line]));
   for (const c of chunks) s.push(typeof c === 'string' ? Buffer.from(c) : c);
   s.end();
@@ -121,8 +127,21 @@ describe('LineSplitter', () => {
     assert.deepEqual(split('\uFFFD\n'), [[1, '\uFFFD']]);
   });
 
+  it('hands over a line longer than maxLineBytes as too long, without keeping it', () => {
+    const out: [number, string | null | LongLine][] = [];
+    const s = new LineSplitter((line, n) => out.push([n, line]), 4);
+    for (const c of ['ab', 'cd\nabc', 'de', 'fgh', '\nxy\nlonger']) s.push(Buffer.from(c));
+    s.end();
+    assert.deepEqual(out, [
+      [1, 'abcd'],
+      [2, { tooLong: true }],
+      [3, 'xy'],
+      [4, { tooLong: true }],
+    ]);
+  });
+
   it('does not keep a reference to a pushed chunk the caller may reuse', () => {
-    const out: (string | null)[] = [];
+    const out: (string | null | LongLine)[] = [];
     const s = new LineSplitter((l) => out.push(l));
     const buf = Buffer.from('abc');
     s.push(buf);

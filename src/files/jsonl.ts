@@ -10,9 +10,10 @@
  * OpenAI's batch input format: an object `{custom_id, method: "POST", url, body}`
  * with a non-empty `custom_id` unique in the file (without U+0000 or a lone
  * surrogate, which the database cannot keep as sent), a supported `url`, a `body`
- * object (not streamed), and at most `MAX_BATCH_REQUESTS` requests. A violation is
- * 400 `invalid_value` naming the line, `param` the request field that carried the
- * content (`file` for the Files API).
+ * object (not streamed) within the request body limit (a longer line is not kept
+ * whole: the splitter drops it past `maxLineBytes`), and at most `MAX_BATCH_REQUESTS`
+ * requests. A violation is 400 `invalid_value` naming the line, `param` the request
+ * field that carried the content (`file` for the Files API).
  */
 import { isUtf8 } from 'node:buffer';
 import { ServiceError } from '../errors/index.js';
@@ -22,6 +23,14 @@ export type BatchUrl = (typeof BATCH_URLS)[number];
 export const MAX_BATCH_REQUESTS = 50_000;
 const MAX_CUSTOM_ID = 512;
 
+/** Room a line has around its body (`custom_id` of up to 512 characters, method, url). */
+const LINE_ENVELOPE_BYTES = 16 * 1024;
+
+/** A line the splitter stopped keeping: longer than its `maxLineBytes`. */
+export interface LongLine {
+  tooLong: true;
+}
+
 export interface BatchLine {
   customId: string;
   url: BatchUrl;
@@ -30,10 +39,19 @@ export interface BatchLine {
 
 export class LineSplitter {
   private rest: Buffer[] = [];
+  private restBytes = 0;
+  /** The current line passed `maxLineBytes`: its bytes are dropped up to its end. */
+  private long = false;
   private lineNo = 0;
 
-  /** `line` is null when the line's bytes are not valid UTF-8. */
-  constructor(private readonly onLine: (line: string | null, lineNo: number) => void) {}
+  /**
+   * `line` is null when the line's bytes are not valid UTF-8, a `LongLine` when it
+   * is longer than `maxLineBytes` (so a line without end is never held whole).
+   */
+  constructor(
+    private readonly onLine: (line: string | null | LongLine, lineNo: number) => void,
+    private readonly maxLineBytes = Infinity,
+  ) {}
 
   push(chunk: Buffer): void {
     let start = 0;
@@ -41,21 +59,39 @@ export class LineSplitter {
       const nl = chunk.indexOf(0x0a, start);
       if (nl < 0) break;
       const piece = chunk.subarray(start, nl);
-      const whole = this.rest.length ? Buffer.concat([...this.rest, piece]) : piece;
-      this.rest = [];
-      this.emit(whole);
+      if (this.long || this.restBytes + piece.length > this.maxLineBytes) {
+        this.emit(null);
+      } else {
+        this.emit(this.rest.length ? Buffer.concat([...this.rest, piece]) : piece);
+      }
       start = nl + 1;
     }
-    if (start < chunk.length) this.rest.push(Buffer.from(chunk.subarray(start)));
+    if (start < chunk.length) this.keep(chunk.subarray(start));
   }
 
   end(): void {
-    if (this.rest.length) this.emit(Buffer.concat(this.rest));
-    this.rest = [];
+    if (this.long || this.rest.length) this.emit(this.long ? null : Buffer.concat(this.rest));
   }
 
-  private emit(bytes: Buffer): void {
+  private keep(piece: Buffer): void {
+    if (this.long) return;
+    if (this.restBytes + piece.length > this.maxLineBytes) {
+      this.long = true;
+      this.rest = [];
+      this.restBytes = 0;
+      return;
+    }
+    this.rest.push(Buffer.from(piece));
+    this.restBytes += piece.length;
+  }
+
+  /** `bytes` null: the line was too long. */
+  private emit(bytes: Buffer | null): void {
+    this.rest = [];
+    this.restBytes = 0;
+    this.long = false;
     this.lineNo++;
+    if (bytes === null) return this.onLine({ tooLong: true }, this.lineNo);
     this.onLine(isUtf8(bytes) ? bytes.toString('utf8').replace(/\r$/, '') : null, this.lineNo);
   }
 }
@@ -68,7 +104,16 @@ export class BatchLineChecker {
   private readonly seen = new Set<string>();
   count = 0;
 
-  constructor(private readonly param: string) {}
+  /** What a line may hold: a body within the request body limit, and its envelope. */
+  readonly maxLineBytes: number;
+
+  /** `maxBodyBytes`: the request body limit (SWITCHYARD_MAX_BODY_BYTES) a line's body must fit. */
+  constructor(
+    private readonly param: string,
+    private readonly maxBodyBytes = Infinity,
+  ) {
+    this.maxLineBytes = maxBodyBytes + LINE_ENVELOPE_BYTES;
+  }
 
   private fail(lineNo: number, message: string): never {
     throw new ServiceError('invalid_value', {
@@ -78,8 +123,9 @@ export class BatchLineChecker {
   }
 
   /** The line's request, or null for a blank line; throws on anything else (null: not UTF-8). */
-  check(line: string | null, lineNo: number): BatchLine | null {
+  check(line: string | null | LongLine, lineNo: number): BatchLine | null {
     if (line === null) this.fail(lineNo, 'the line is not valid UTF-8.');
+    if (typeof line !== 'string') this.fail(lineNo, this.tooLarge());
     if (line.trim() === '') return null;
     let v: unknown;
     try {
@@ -109,11 +155,21 @@ export class BatchLineChecker {
     }
     if (!isObject(body)) this.fail(lineNo, "'body' must be a JSON object.");
     if (body.stream === true) this.fail(lineNo, 'streaming is not supported in a batch.');
+    if (
+      this.maxBodyBytes !== Infinity &&
+      Buffer.byteLength(JSON.stringify(body)) > this.maxBodyBytes
+    ) {
+      this.fail(lineNo, this.tooLarge());
+    }
     if (++this.count > MAX_BATCH_REQUESTS) {
       this.fail(lineNo, `a batch holds at most ${MAX_BATCH_REQUESTS} requests.`);
     }
     this.seen.add(customId);
     return { customId, url: url as BatchUrl, body };
+  }
+
+  private tooLarge(): string {
+    return `the request is larger than a request body may be (${this.maxBodyBytes} bytes).`;
   }
 
   /** After the last line: a batch file must hold at least one request. */

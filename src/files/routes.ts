@@ -112,7 +112,11 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
     const uploads = new UploadService(
       s.store.db,
       s.clock,
-      { maxFileBytes: s.config.maxFileBytes, maxPartBytes: s.config.maxUploadPartBytes },
+      {
+        maxFileBytes: s.config.maxFileBytes,
+        maxPartBytes: s.config.maxUploadPartBytes,
+        maxBodyBytes: s.config.maxBodyBytes,
+      },
       poke,
     );
     const maxFile = s.config.maxFileBytes;
@@ -149,7 +153,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
             id,
             bytes: 0,
             batchError: null as unknown,
-            checker: new BatchLineChecker('file'),
+            checker: new BatchLineChecker('file', s.config.maxBodyBytes),
           };
           upload = u;
           const writer = new ChunkWriter(s.store.db, id);
@@ -161,7 +165,7 @@ export function fileRoutes(s: Services): FastifyPluginAsync {
             } catch (err) {
               u.batchError = err;
             }
-          });
+          }, u.checker.maxLineBytes);
           for await (const buf of bytesOf(part.file)) {
             await writer.write(buf);
             if (u.batchError === null) splitter.push(buf);

@@ -83,7 +83,8 @@ export class UploadService {
   constructor(
     private readonly db: Db,
     private readonly clock: Clock,
-    private readonly limits: { maxFileBytes: number; maxPartBytes: number },
+    /** `maxBodyBytes`: the request body limit a batch line's body must fit (jsonl.ts). */
+    private readonly limits: { maxFileBytes: number; maxPartBytes: number; maxBodyBytes?: number },
     private readonly onEvent: () => void = () => undefined,
   ) {
     this.createBody = z.object({
@@ -321,8 +322,11 @@ export class UploadService {
     md5: string | undefined,
   ): Promise<void> {
     const hash = md5 !== undefined ? createHash('md5') : null;
-    const checker = purpose === 'batch' ? new BatchLineChecker('part_ids') : null;
-    const splitter = checker ? new LineSplitter((line, n) => checker.check(line, n)) : null;
+    const checker =
+      purpose === 'batch' ? new BatchLineChecker('part_ids', this.limits.maxBodyBytes) : null;
+    const splitter = checker
+      ? new LineSplitter((line, n) => checker.check(line, n), checker.maxLineBytes)
+      : null;
     for (const id of ids) {
       for await (const chunk of readChunks(this.db, id)) {
         hash?.update(chunk);

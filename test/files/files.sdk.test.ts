@@ -21,7 +21,12 @@ const line = (id: string, url = '/v1/chat/completions') =>
 describe('files with the OpenAI SDK', () => {
   let f: InferenceFixture;
   before(async () => {
-    f = await inferenceFixture({ env: { SWITCHYARD_MAX_FILE_BYTES: String(3 * 1024 * 1024) } });
+    f = await inferenceFixture({
+      env: {
+        SWITCHYARD_MAX_FILE_BYTES: String(3 * 1024 * 1024),
+        SWITCHYARD_MAX_BODY_BYTES: String(1024 * 1024),
+      },
+    });
   });
   after(() => f.close());
   // The shared management limit is 60 a minute per project; each test starts a new minute.
@@ -210,6 +215,47 @@ describe('files with the OpenAI SDK', () => {
       body: { purpose: 'batch' },
     });
     assert.equal(json.status, 415);
+  });
+
+  it('refuses a batch line longer than a request may be, naming the line', async () => {
+    // The body limit here is 1 MiB: such a line could never run (413), and checking it
+    // must not hold it whole (any file is checked while it streams, purpose unknown).
+    const big = (id: string, n: number) =>
+      JSON.stringify({
+        custom_id: id,
+        method: 'POST',
+        url: '/v1/chat/completions',
+        body: { model: 'm', messages: [{ role: 'user', content: 'a'.repeat(n) }] },
+      });
+    const err = await apiError(
+      f.client.files.create({
+        file: await toFile(Buffer.from(`${line('a')}\n${big('b', 1024 * 1024)}\n`), 'b.jsonl'),
+        purpose: 'batch',
+      }),
+    );
+    assert.equal(err.status, 400);
+    assert.equal(err.code, 'invalid_value');
+    assert.equal(err.param, 'file');
+    assert.match(err.message, /Line 2.*larger than/);
+    // Far past the limit, and with no newline at all: the same answer.
+    const none = await apiError(
+      f.client.files.create({
+        file: await toFile(Buffer.alloc(2 * 1024 * 1024 + 5, 0x61), 'b.jsonl'),
+        purpose: 'batch',
+      }),
+    );
+    assert.match(none.message, /Line 1.*larger than/);
+    // Just under it is a good line; the same bytes as another purpose are any file.
+    const fits = await f.client.files.create({
+      file: await toFile(Buffer.from(big('c', 1024 * 1024 - 200)), 'c.jsonl'),
+      purpose: 'batch',
+    });
+    await f.client.files.delete(fits.id);
+    const other = await f.client.files.create({
+      file: await toFile(Buffer.alloc(2 * 1024 * 1024 + 5, 0x61), 'x.bin'),
+      purpose: 'user_data',
+    });
+    await f.client.files.delete(other.id);
   });
 
   it('refuses a file over SWITCHYARD_MAX_FILE_BYTES with 413 and keeps none of it', async () => {
