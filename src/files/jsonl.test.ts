@@ -82,6 +82,17 @@ describe('LineSplitter', () => {
     assert.deepEqual(split('x\ry\r\r\n'), [[1, 'x\ry\r']]);
   });
 
+  it('drops a UTF-8 byte order mark at the start of the file, and only there', () => {
+    assert.deepEqual(split(Buffer.from([0xef, 0xbb]), Buffer.from([0xbf, 0x61, 0x0a, 0x62])), [
+      [1, 'a'],
+      [2, 'b'],
+    ]);
+    assert.deepEqual(split('a\n\uFEFFb\n'), [
+      [1, 'a'],
+      [2, '\uFEFFb'],
+    ]);
+  });
+
   it('joins a line cut across chunks, \\r\\n and multi-byte characters included', () => {
     assert.deepEqual(split('{"a":', '1}\r', '\n{"b"', ':2}\n', 'tail'), [
       [1, '{"a":1}'],

@@ -4,7 +4,7 @@
  *
  * `LineSplitter` cuts a byte stream at `\n` (a UTF-8 multi-byte sequence never
  * contains 0x0a, so cutting bytes is safe) and hands over each line, `\r\n`
- * endings and blank lines allowed; a line that is not valid UTF-8 is handed over as
+ * endings, blank lines and a UTF-8 byte order mark opening the file allowed; a line that is not valid UTF-8 is handed over as
  * null (decoding would put U+FFFD in place of its bytes and send changed text to
  * the model), and the checker refuses it. `BatchLineChecker` checks each line against
  * OpenAI's batch input format: an object `{custom_id, method: "POST", url, body}`
@@ -92,6 +92,11 @@ export class LineSplitter {
     this.long = false;
     this.lineNo++;
     if (bytes === null) return this.onLine({ tooLong: true }, this.lineNo);
+    // A UTF-8 byte order mark opening the file (Windows editors write one) is not
+    // part of the first line's JSON.
+    if (this.lineNo === 1 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) {
+      bytes = bytes.subarray(3);
+    }
     this.onLine(isUtf8(bytes) ? bytes.toString('utf8').replace(/\r$/, '') : null, this.lineNo);
   }
 }

@@ -258,6 +258,21 @@ describe('files with the OpenAI SDK', () => {
     await f.client.files.delete(other.id);
   });
 
+  it('takes a batch file that starts with a UTF-8 byte order mark (as Windows editors save it)', async () => {
+    const file = await f.client.files.create({
+      file: await toFile(Buffer.from(`\uFEFF${line('bom-1')}\r\n${line('bom-2')}\r\n`), 'w.jsonl'),
+      purpose: 'batch',
+    });
+    const batch = await f.client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    });
+    assert.equal(batch.request_counts?.total, 2);
+    await f.client.batches.cancel(batch.id);
+    await f.client.files.delete(file.id);
+  });
+
   it('refuses a file over SWITCHYARD_MAX_FILE_BYTES with 413 and keeps none of it', async () => {
     const big = Buffer.alloc(3 * 1024 * 1024 + 1, 0x61);
     const err = await apiError(
