@@ -90,10 +90,16 @@ export class Invocations {
     });
   }
 
+  /**
+   * `opts.mcp`: the call comes from the MCP server, so only an agent whose own
+   * declaration of the tool is `mcp_visible` may run it (agents of one project may
+   * declare a tool of the same name differently; the catalog describes it by one).
+   */
   async create(
     projectId: string,
     raw: unknown,
     idempotencyKey: string | undefined,
+    opts: { mcp?: boolean } = {},
   ): Promise<{ replayed: boolean; invocation: PublicInvocation }> {
     if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
       throw new ServiceError('invalid_body', { message: 'The body must be a JSON object.' });
@@ -126,8 +132,15 @@ export class Invocations {
       const prior = await this.replay(projectId, idempotencyKey, requestHash);
       if (prior) return { replayed: true, invocation: prior };
     }
-    const candidates = await this.catalog.candidates(projectId, body.tool);
+    const offered = await this.catalog.candidates(projectId, body.tool);
+    const candidates = opts.mcp ? offered.filter((c) => c.spec.mcp_visible) : offered;
     const chosen = candidates[0];
+    if (!chosen && offered.length > 0) {
+      throw new ServiceError('tool_not_mcp_visible', {
+        message: `The tool '${body.tool}' is not exposed over MCP (mcp_visible is false).`,
+        param: 'tool',
+      });
+    }
     if (!chosen) {
       throw new ServiceError('exec_tool_not_found', {
         status: 400,

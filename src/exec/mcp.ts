@@ -231,6 +231,7 @@ async function invoke(
       ...(opts.timeoutMs !== undefined ? { timeout_ms: opts.timeoutMs } : {}),
     },
     undefined,
+    { mcp: true },
   );
   if (opts.wait === false) return invocationResult(invocation);
   const settled = await awaitInvocation(c.exec, c.projectId, invocation.id, {

@@ -298,6 +298,56 @@ describe('MCP server (fake transport)', () => {
     assert.equal(r.status, 400, r.text);
     assert.equal((r.body.error as Record<string, unknown>).code, 'invalid_body');
   });
+
+  it('a tool two agents declare differently runs over MCP only on one that makes it MCP-visible', async () => {
+    const hidden = await enrollAgent(s, p, {
+      name: 'dual-hidden',
+      tools: [tool('dual', { mcp_visible: false })],
+      transport: t,
+    });
+    s.clock.advance(1000);
+    // Enrolled last, so the catalog (and tools/list) describes `dual` by this one.
+    const visible = await enrollAgent(s, p, {
+      name: 'dual-visible',
+      tools: [tool('dual', { mcp_visible: true })],
+      transport: t,
+    });
+    t.hang.add('dual');
+    // One invocation in flight on the visible agent: the hidden one is the less loaded.
+    const busy = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
+      key: p.exec,
+      body: { tool: 'dual', arguments: { path: '/' }, workspace_id: await workspaceId() },
+    });
+    assert.equal(busy.status, 201, busy.text);
+    assert.equal(busy.body.agent_id, visible.agentId);
+
+    const r = await call(client, 'exec.invoke', {
+      tool: 'dual',
+      arguments: { path: '/mcp' },
+      wait: false,
+    });
+    assert.equal(r.isError, undefined, JSON.stringify(r));
+    assert.equal(r.structuredContent!.agent_id, visible.agentId);
+    const sent = t.dispatched.find((d) => d.req.invocationId === r.structuredContent!.id);
+    assert.equal(sent?.agentId, visible.agentId, 'never on the agent that hides it from MCP');
+    assert.ok(!t.dispatched.some((d) => d.agentId === hidden.agentId));
+
+    // With only the hiding agent online, the tool is not MCP-visible at all.
+    await s.call('DELETE', `/${p.projectId}/v1/agents/${visible.agentId}`, { key: p.mgmt });
+    assert.equal(
+      errorCode(await call(client, 'exec.invoke', { tool: 'dual', arguments: { path: '/' } })),
+      'tool_not_mcp_visible',
+    );
+    assert.ok(!t.dispatched.some((d) => d.agentId === hidden.agentId));
+  });
+
+  async function workspaceId(): Promise<string> {
+    const w = await s.call('POST', `/${p.projectId}/v1/exec/workspaces`, {
+      key: p.exec,
+      body: { name: 'dual' },
+    });
+    return String(w.body.id);
+  }
 });
 
 describe('MCP server in production', () => {
