@@ -321,6 +321,11 @@ export class Invocations {
       );
     });
     this.ctx.poke();
+    // Ended by the router while the dispatch was on its way (a cancel, a force-fail):
+    // its CANCEL may have reached the agent before the DISPATCH, which the agent
+    // would then run. Tell it again. (`duration_ms` is set only by an agent's answer.)
+    const latest = await this.row(inv.projectId, inv.id);
+    if (isTerminal(latest.status) && latest.durationMs === null) await this.cancelOnAgent(latest);
     return 'dispatched';
   }
 

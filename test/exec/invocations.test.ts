@@ -310,6 +310,48 @@ for (const driver of drivers()) {
       assert.equal((await call('GET', `/invocations/${id}`)).body.status, 'cancelled');
     });
 
+    it('a cancel while the dispatch is on its way: the agent gets a CANCEL after the DISPATCH', async () => {
+      // The transport holds the dispatch (a full send queue, a slow link) until released.
+      const wire: string[] = [];
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      const { dispatch, cancel } = t;
+      t.dispatch = async (agentId, req) => {
+        await held;
+        await dispatch.call(t, agentId, req);
+        wire.push(`DISPATCH ${req.invocationId}`);
+      };
+      t.cancel = async (agentId, invocationId) => {
+        await cancel.call(t, agentId, invocationId);
+        wire.push(`CANCEL ${invocationId}`);
+      };
+      try {
+        const creating = create({ tool: 'run', arguments: { path: '/held' }, workspace_id: ws });
+        let id = '';
+        for (let i = 0; i < 500 && !id; i++) {
+          await new Promise((r) => setTimeout(r, 5));
+          const l = await call('GET', '/invocations?status=dispatched&tool=run');
+          const row = (l.body.data as Array<{ id: string; arguments: { path: string } }>).find(
+            (x) => x.arguments.path === '/held',
+          );
+          id = row?.id ?? '';
+        }
+        assert.ok(id, 'the invocation is dispatched');
+        const c = await call('POST', `/invocations/${id}/cancel`);
+        assert.equal(c.body.status, 'cancelled', c.text);
+        release();
+        assert.equal((await creating).status, 201);
+        // An agent told CANCEL for an invocation it does not run yet answers `cancelled`
+        // and forgets it; the DISPATCH after it would run the tool. So a CANCEL follows.
+        const mine = wire.filter((w) => w.endsWith(id));
+        assert.equal(mine.at(-1), `CANCEL ${id}`, JSON.stringify(mine));
+        assert.equal((await call('GET', `/invocations/${id}`)).body.status, 'cancelled');
+      } finally {
+        t.dispatch = dispatch;
+        t.cancel = cancel;
+      }
+    });
+
     it('idempotency: same key + body replays (200), other body → exec_idempotency_conflict', async () => {
       const body = { tool: 'run', arguments: { path: '/i', count: 1 }, workspace_id: ws };
       const first = await create(body, 'key-1');
