@@ -104,7 +104,7 @@ export class Approvals {
 
   constructor(
     private readonly ctx: ExecContext,
-    private readonly dispatchQueued: (inv: InvocationRow) => Promise<void>,
+    private readonly dispatchQueued: (inv: InvocationRow) => Promise<unknown>,
   ) {
     this.overdue = ctx.db
       .select()

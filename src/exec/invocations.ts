@@ -329,17 +329,23 @@ export class Invocations {
     return 'dispatched';
   }
 
-  /** Dispatches a queued invocation to a connected agent, if there is one now. */
-  async dispatchQueued(inv: InvocationRow): Promise<void> {
+  /**
+   * Dispatches a queued invocation to a connected agent, if there is one now. False
+   * when no agent offering the tool is connected here at all (the scheduler then
+   * skips the tool's other queued invocations of the project for the rest of its pass).
+   */
+  async dispatchQueued(inv: InvocationRow): Promise<boolean> {
     const t = this.ctx.transport();
-    if (!t) return;
+    if (!t) return false;
+    const offering = (await this.catalog.candidates(inv.projectId, inv.tool)).filter((c) =>
+      connected(t, c),
+    );
     // Another agent may take it, but only one whose declaration of the tool needs no
     // approval this invocation lacks, and whose own schema accepts its arguments.
-    const candidates = (await this.catalog.candidates(inv.projectId, inv.tool)).filter(
-      (c) => mayRun(c, inv.risk, inv.arguments) && connected(t, c),
-    );
+    const candidates = offering.filter((c) => mayRun(c, inv.risk, inv.arguments));
     const agent = candidates.find((c) => c.agentId === inv.agentId) ?? candidates[0];
     if (agent) await this.dispatch(inv, agent);
+    return offering.length > 0;
   }
 
   private async row(projectId: string, id: string): Promise<InvocationRow> {

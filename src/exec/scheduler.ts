@@ -13,8 +13,9 @@
  *    no answer from its agent fails with error `timeout` and `exec.timeout`
  *    (the agent is asked to kill it).
  * 4. Queue: queued invocations (approved ones waiting for a connected agent)
- *    are dispatched; one queued longer than its `timeout_ms` fails with
- *    `tool_executor_unavailable` (`exec.failed`).
+ *    are dispatched, all of them, a page of BATCH at a time (those no agent can
+ *    take now stay queued without holding up the rest); one queued longer than
+ *    its `timeout_ms` fails with `tool_executor_unavailable` (`exec.failed`).
  *
  * Every pass starts with a select per step, and on an idle router they all find
  * nothing, every second, forever. They are prepared once (`sql.placeholder('now')`,
@@ -55,11 +56,18 @@ function dueQueries(ctx: ExecContext) {
       )
       .limit(BATCH)
       .prepare(''),
+    // Keyset pages (`after`: the last row's queue time and id), so queued invocations
+    // that cannot be dispatched now do not hide the ones behind them.
     queued: ctx.db
       .select()
       .from(I)
-      .where(eq(I.status, 'queued'))
-      .orderBy(I.queuedAt)
+      .where(
+        and(
+          eq(I.status, 'queued'),
+          sql`(coalesce(${I.queuedAt}, ${I.createdAt}), ${I.id}) > (${sql.placeholder('afterAt')}, ${sql.placeholder('afterId')})`,
+        ),
+      )
+      .orderBy(sql`coalesce(${I.queuedAt}, ${I.createdAt})`, I.id)
       .limit(BATCH)
       .prepare(''),
   };
@@ -219,25 +227,37 @@ export class Scheduler {
 
   async queue(): Promise<void> {
     const now = new Date(this.ctx.clock.now());
-    const queued = await this.due.queued.execute();
     let failed = 0;
-    for (const inv of queued) {
-      const since = (inv.queuedAt ?? inv.createdAt).getTime();
-      if (since + inv.timeoutMs <= now.getTime()) {
-        const m = await this.ctx.db.transaction((tx) =>
-          fail(
-            tx,
-            inv,
-            ['queued'],
-            'tool_executor_unavailable',
-            'No agent was online for the tool before the invocation timed out.',
-            now,
-          ),
-        );
-        if (m) failed++;
-        continue;
+    // Project and tool pairs no agent connected here offers: one catalog read a pass.
+    const idle = new Set<string>();
+    let afterAt = new Date(0);
+    let afterId = '00000000-0000-0000-0000-000000000000';
+    for (;;) {
+      const queued = await this.due.queued.execute({ afterAt, afterId });
+      for (const inv of queued) {
+        const since = (inv.queuedAt ?? inv.createdAt).getTime();
+        if (since + inv.timeoutMs <= now.getTime()) {
+          const m = await this.ctx.db.transaction((tx) =>
+            fail(
+              tx,
+              inv,
+              ['queued'],
+              'tool_executor_unavailable',
+              'No agent was online for the tool before the invocation timed out.',
+              now,
+            ),
+          );
+          if (m) failed++;
+          continue;
+        }
+        const key = `${inv.projectId}:${inv.tool}`;
+        if (idle.has(key)) continue;
+        if (!(await this.invocations.dispatchQueued(inv))) idle.add(key);
       }
-      await this.invocations.dispatchQueued(inv);
+      if (queued.length < BATCH) break;
+      const last = queued[queued.length - 1]!;
+      afterAt = last.queuedAt ?? last.createdAt;
+      afterId = last.id;
     }
     if (failed > 0) this.ctx.poke();
   }
