@@ -20,6 +20,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { and, desc, eq, inArray, sql } from 'drizzle-orm';
+import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { parseBody } from '../http/validate.js';
@@ -466,14 +467,29 @@ export class Invocations {
     throw o.busy();
   }
 
+  /**
+   * Invocations whose CANCEL this instance's transport accepted, so the scheduler's
+   * delivery step (scheduler.ts) does not send it again.
+   */
+  readonly cancelsSent = new LRUCache<string, true>({ max: 4096 });
+
   async cancelOnAgent(inv: InvocationRow): Promise<void> {
     const t = this.ctx.transport();
     if (!t || !inv.agentId) return;
     const [a] = await this.ctx.db.select({ id: A.externalId }).from(A).where(eq(A.id, inv.agentId));
     if (!a) return;
-    await t.cancel(a.id, inv.externalId).catch((err: unknown) => {
-      this.ctx.logger.warn({ err, invocation: inv.externalId }, 'exec cancel not delivered');
-    });
+    await this.sendCancel(t, a.id, inv.externalId);
+  }
+
+  /** One CANCEL through `t`; remembered once accepted. */
+  async sendCancel(t: AgentTransport, agentId: string, invocationId: string): Promise<void> {
+    try {
+      await t.cancel(agentId, invocationId);
+      this.cancelsSent.set(invocationId, true);
+    } catch (err) {
+      // Another instance's broker may hold the agent's session: its scheduler delivers it.
+      this.ctx.logger.warn({ err, invocation: invocationId }, 'exec cancel not delivered');
+    }
   }
 
   /**

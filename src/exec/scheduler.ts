@@ -16,6 +16,11 @@
  *    are dispatched, all of them, a page of BATCH at a time (those no agent can
  *    take now stay queued without holding up the rest); one queued longer than
  *    its `timeout_ms` fails with `tool_executor_unavailable` (`exec.failed`).
+ * 5. Cancels (with a broker here): an invocation the router ended after its
+ *    dispatch (cancel, force-fail, backstop, agent deleted) is told to its agent
+ *    by the instance whose broker holds the agent's session. The instance that
+ *    ended it sends the CANCEL itself when it can; this step delivers those it
+ *    could not (an API-only instance, another broker), once per instance.
  *
  * Every pass starts with a select per step, and on an idle router they all find
  * nothing, every second, forever. They are prepared once (`sql.placeholder('now')`,
@@ -23,7 +28,7 @@
  * 310 µs, executing a prepared one 22 KB and 120 µs (docs/RELIABILITY.md, "An idle
  * router").
  */
-import { and, eq, inArray, isNull, lte, sql } from 'drizzle-orm';
+import { and, eq, gt, inArray, isNull, lte, sql } from 'drizzle-orm';
 import type { Timer } from '../runtime/clock.js';
 import { tables } from '../store/index.js';
 import type { Approvals } from './approvals.js';
@@ -33,6 +38,8 @@ import { fail, move } from './transitions.js';
 
 const { agents: A, invocations: I } = tables;
 const BATCH = 100;
+/** Ended invocations looked at per pass for CANCEL delivery (two ticks' worth of ends). */
+const ENDED_BATCH = 1000;
 
 /** The pass's selects, built once; `now` is the only parameter. */
 function dueQueries(ctx: ExecContext) {
@@ -58,6 +65,23 @@ function dueQueries(ctx: ExecContext) {
       .prepare(''),
     // Keyset pages (`after`: the last row's queue time and id), so queued invocations
     // that cannot be dispatched now do not hide the ones behind them.
+    // Ended by the router after a dispatch, no answer of the agent recorded
+    // (`duration_ms` is set only by one), within the window.
+    ended: ctx.db
+      .select({ invocationId: I.externalId, agentId: A.externalId, agentKey: A.curvePublicKey })
+      .from(I)
+      .innerJoin(A, eq(A.id, I.agentId))
+      .where(
+        and(
+          // As written in the partial index invocations_router_ended_idx, so it is used.
+          sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
+          gt(I.finishedAt, sql.placeholder('since')),
+          lte(I.finishedAt, sql.placeholder('now')),
+        ),
+      )
+      .orderBy(I.finishedAt)
+      .limit(ENDED_BATCH)
+      .prepare(''),
     queued: ctx.db
       .select()
       .from(I)
@@ -120,6 +144,32 @@ export class Scheduler {
     await this.approvals.sweep(BATCH);
     await this.backstop();
     await this.queue();
+    await this.deliverCancels();
+  }
+
+  /** Clock time of the previous delivery step (null before the first). */
+  private cancelsCheckedAt: number | null = null;
+
+  /**
+   * Step 5: CANCEL to agents connected here for invocations ended since the previous
+   * pass (with two ticks of overlap, for commits that land late or another
+   * instance's clock), skipping those already sent from this instance.
+   */
+  async deliverCancels(): Promise<number> {
+    const t = this.ctx.transport();
+    const nowMs = this.ctx.clock.now();
+    const since = (this.cancelsCheckedAt ?? nowMs) - 2 * this.ctx.settings.tickMs;
+    this.cancelsCheckedAt = nowMs;
+    if (!t) return 0;
+    const ended = await this.due.ended.execute({ since: new Date(since), now: new Date(nowMs) });
+    let n = 0;
+    for (const e of ended) {
+      if (this.invocations.cancelsSent.has(e.invocationId)) continue;
+      if (!t.isConnected(e.agentId, e.agentKey)) continue;
+      await this.invocations.sendCancel(t, e.agentId, e.invocationId);
+      n++;
+    }
+    return n;
   }
 
   async expireLeases(): Promise<number> {

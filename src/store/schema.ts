@@ -658,6 +658,12 @@ export const invocations = pgTable(
     index('invocations_active_idx')
       .on(t.status)
       .where(sql`${t.status} in ('queued', 'dispatched', 'running')`),
+    // Ended by the router after a dispatch: the scheduler's CANCEL delivery (scheduler.ts).
+    index('invocations_router_ended_idx')
+      .on(t.finishedAt)
+      .where(
+        sql`${t.status} in ('cancelled', 'failed') and ${t.dispatchedAt} is not null and ${t.durationMs} is null`,
+      ),
     check(
       'invocations_status_check',
       sql`${t.status} in ('pending_approval', 'queued', 'dispatched', 'running', 'completed', 'failed', 'cancelled')`,

@@ -528,6 +528,33 @@ for (const driver of drivers()) {
       await drain();
     });
 
+    it('a cancel on an instance without the agent’s session reaches the agent through the broker instance', async () => {
+      await drain();
+      const r = await create({ tool: 'run', arguments: { path: '/far' }, workspace_id: ws });
+      assert.equal(r.body.status, 'dispatched', r.text);
+      const id = String(r.body.id);
+      t.cancelled = [];
+      // Cancelled through an API-only instance: it has no session to send CANCEL on.
+      s.services.exec.setTransport(null);
+      const c = await call('POST', `/invocations/${id}/cancel`);
+      assert.equal(c.body.status, 'cancelled', c.text);
+      assert.deepEqual(t.cancelled, []);
+      // The broker's instance (here: the same service once its transport is back) tells the agent.
+      s.services.exec.setTransport(t);
+      await s.services.exec.tick();
+      assert.deepEqual(t.cancelled, [{ agentId: agent, invocationId: id }]);
+      // Once: neither the next pass nor a cancel this instance sent itself goes again.
+      s.clock.advance(1000);
+      await s.services.exec.tick();
+      const local = await create({ tool: 'run', arguments: { path: '/near' }, workspace_id: ws });
+      await call('POST', `/invocations/${String(local.body.id)}/cancel`);
+      await s.services.exec.tick();
+      assert.deepEqual(t.cancelled, [
+        { agentId: agent, invocationId: id },
+        { agentId: agent, invocationId: local.body.id },
+      ]);
+    });
+
     it('a queued invocation goes only to an agent whose own declaration of the tool may run it', async () => {
       await drain();
       // Two agents declare `op`: the older one destructive (needs approval), the newer
@@ -711,9 +738,11 @@ for (const driver of drivers()) {
       const replay = await create(body, 'approved-refused');
       assert.equal(replay.status, 200, replay.text);
       assert.equal(replay.body.id, id);
+      // One frozen millisecond: their order among equal created_at is not the point.
       const types = (await events(s, p.projectUuid))
         .filter((e) => e.data.invocation_id === id)
-        .map((e) => e.type);
+        .map((e) => e.type)
+        .sort();
       assert.deepEqual(types, ['exec.approval_requested', 'exec.approved', 'exec.failed']);
     });
 

@@ -11,6 +11,7 @@
  * built binary (`npm run build` first).
  */
 import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
@@ -136,6 +137,28 @@ describe(
       const out = JSON.stringify(done);
       assert.match(out, /across processes/);
       assert.match(out, /"exit_code":3/);
+    });
+
+    it('a cancel made on the API process reaches the agent through the broker process', async () => {
+      const r = await api('POST', '/exec/invocations', execKey, {
+        tool: 'stubborn',
+        arguments: {},
+        workspace_id: ws,
+        timeout_ms: 60_000,
+      });
+      assert.equal(r.status, 201, r.text);
+      const id = String(r.body.id);
+      await until(
+        async () =>
+          (await api('GET', `/exec/invocations/${id}`, execKey)).body.status === 'running',
+        15_000,
+        `${id} running`,
+      );
+      const c = await api('POST', `/exec/invocations/${id}/cancel`, execKey);
+      assert.equal(c.body.status, 'cancelled', c.text);
+      // The tool traps SIGTERM and writes this file: the agent was told to kill it
+      // (long before its own timeout would).
+      await until(() => existsSync(join(tmp.dir, 'term-mark')), 5_000, 'the tool got SIGTERM');
     });
   },
 );

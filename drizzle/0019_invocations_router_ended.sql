@@ -1,0 +1,3 @@
+-- Invocations the router ended after their dispatch with no answer of the agent recorded:
+-- the scheduler's CANCEL delivery reads those ended since its previous pass (scheduler.ts).
+CREATE INDEX "invocations_router_ended_idx" ON "invocations" USING btree ("finished_at") WHERE "invocations"."status" in ('cancelled', 'failed') and "invocations"."dispatched_at" is not null and "invocations"."duration_ms" is null;
