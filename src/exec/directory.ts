@@ -55,6 +55,15 @@ function refuse(code: Refusal['code'], message: string, param?: string): never {
   throw new EnrollRefused({ ok: false, code, message, ...(param ? { param } : {}) });
 }
 
+/**
+ * Text a PostgreSQL column can hold: the tool wrote what it wrote (binary output,
+ * `find -print0`), and a U+0000 would fail the record of its result, so it is kept
+ * as U+FFFD, as a worker's answer is (src/store/storable.ts).
+ */
+function storableText(s: string): string {
+  return s.includes('\u0000') ? s.replaceAll('\u0000', '\uFFFD') : s;
+}
+
 export class Directory implements AgentDirectory {
   constructor(private readonly ctx: ExecContext) {}
 
@@ -345,8 +354,8 @@ export class Directory implements AgentDirectory {
       const p = inv.projectId;
       switch (outcome.kind) {
         case 'exited': {
-          const out = clampUtf8(outcome.stdout, max);
-          const err = clampUtf8(outcome.stderr, max);
+          const out = clampUtf8(storableText(outcome.stdout), max);
+          const err = clampUtf8(storableText(outcome.stderr), max);
           const ok = outcome.exitCode === 0;
           const moved = await move(tx, inv, from, {
             status: ok ? 'completed' : 'failed',
@@ -392,8 +401,8 @@ export class Directory implements AgentDirectory {
           return;
         }
         case 'error': {
-          const code = outcome.errorCode.slice(0, 100) || 'agent_error';
-          const message = clampUtf8(outcome.errorMessage, 2048).text;
+          const code = storableText(outcome.errorCode.slice(0, 100)) || 'agent_error';
+          const message = clampUtf8(storableText(outcome.errorMessage), 2048).text;
           const moved = await fail(tx, inv, from, code, message, now);
           if (moved && outcome.durationMs >= 0) {
             await tx
