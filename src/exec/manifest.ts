@@ -20,6 +20,7 @@ import { createRequire } from 'node:module';
 import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import { formatPath } from '../http/validate.js';
+import { storableJson } from '../store/storable.js';
 import { RISKS, type Manifest, type ToolSpec } from './contracts.js';
 import { canonicalHash } from './canonical.js';
 
@@ -110,6 +111,19 @@ export function validateManifest(raw: unknown): ManifestCheck {
       return { ok: false, message: `Duplicate tool name '${tool.name}'.`, param };
     }
     seen.add(tool.name);
+    // The accepted manifest is stored as jsonb, which holds no U+0000 and no lone
+    // surrogate (JSON.stringify writes both as escapes, which storableJson repairs).
+    for (const field of ['description', 'input_schema'] as const) {
+      const json = JSON.stringify(tool[field]);
+      if (storableJson(json) !== json) {
+        const param = `tools[${i}].${field}`;
+        return {
+          ok: false,
+          message: `Invalid '${param}': a NUL character (U+0000) or a lone UTF-16 surrogate is not accepted.`,
+          param,
+        };
+      }
+    }
     const param = `tools[${i}].input_schema`;
     if (tool.input_schema.type !== 'object') {
       return { ok: false, message: `Invalid '${param}': the root must have type "object".`, param };

@@ -8,6 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { canonicalHash, canonicalJson } from '../../src/exec/canonical.js';
+import type { ToolSpec } from '../../src/exec/contracts.js';
 import { validateManifest } from '../../src/exec/manifest.js';
 import { drivers, startTestServer, type TestServer } from '../support/harness.js';
 import {
@@ -225,6 +226,43 @@ for (const driver of drivers()) {
       ]);
       // Nothing was stored and no use was taken.
       assert.equal(await x().agentForKey('short'), null);
+    });
+
+    it('exec_manifest_invalid for text PostgreSQL cannot store (U+0000, a lone surrogate), not a failed enrollment', async () => {
+      const jk = await joinKey(s, p);
+      const cases: Array<[ToolSpec, string]> = [
+        [tool('nul', { description: 'a\u0000b' }), 'tools[0].description'],
+        [
+          tool('schema', {
+            input_schema: { type: 'object', properties: { p: { description: 'x\ud800' } } },
+          }),
+          'tools[0].input_schema',
+        ],
+      ];
+      for (const [spec, param] of cases) {
+        const key = curveKey();
+        const r = await x().enroll({
+          joinKey: jk,
+          registrationName: 'unstorable',
+          curvePublicKey: key,
+          manifest: { version: 1, tools: [spec] },
+        });
+        assert.deepEqual(r.ok ? null : [r.code, r.param], ['exec_manifest_invalid', param]);
+        assert.equal(await x().agentForKey(key), null);
+      }
+      // A backslash and `u0000` written out (a pattern's escape) are ordinary text.
+      const ok = await x().enroll({
+        joinKey: jk,
+        registrationName: 'storable',
+        curvePublicKey: curveKey(),
+        manifest: manifest(
+          tool('escapes', {
+            description: 'matches \\u0000 and \\ud800 literally',
+            input_schema: { type: 'object', properties: { p: { description: 'a \\ud800 b' } } },
+          }),
+        ),
+      });
+      assert.equal(ok.ok, true, JSON.stringify(ok));
     });
 
     it('agent_name_conflict: the same name with another CURVE key (live or offline, ordinary key)', async () => {
