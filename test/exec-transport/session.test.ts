@@ -165,6 +165,60 @@ describe('agent sessions', () => {
     assert.equal(outcome.truncated, true);
   });
 
+  it('a result larger than the broker takes is cut to fit and flagged, not lost', async () => {
+    // An agent allowed more output than one message carries (4 MiB): the broker would
+    // drop the connection of a peer sending more, again at every resend.
+    const big = new AgentClient({
+      enrollEndpoint: broker.endpoints.enroll,
+      agentEndpoint: broker.endpoints.agents,
+      serverKey: keyPair.publicKey,
+      joinKey: JOIN_KEY,
+      registrationName: 'big-output-agent',
+      manifest: loadManifestFile(
+        manifestFile(tmp.dir, [
+          {
+            name: 'bigflood',
+            description: 'bigflood tool',
+            input_schema: { type: 'object' },
+            risk: 'read_only',
+            command: ['sh', '-c', 'head -c 5000000 /dev/zero | tr "\\0" x'],
+          },
+        ]),
+      ),
+      keyFile: join(tmp.dir, 'big-agent.key'),
+      logger: silentLogger,
+      toolEnv: { PATH: process.env.PATH },
+      killGraceMs: 150,
+      maxOutputBytes: 8 * 1024 * 1024,
+      reconnectMinMs: 20,
+      reconnectMaxMs: 100,
+      requestTimeoutMs: 1_000,
+    });
+    const connected = new Promise<string>((resolve) => big.once('connected', resolve));
+    const run = big.run();
+    try {
+      const bigId = await connected;
+      const id = inv();
+      await broker.dispatch(bigId, {
+        invocationId: id,
+        tool: 'bigflood',
+        arguments: {},
+        timeoutMs: 10_000,
+      });
+      const outcome = await eventually(() => directory.outcomeOf(id), 8_000, 'bigflood result');
+      assert.equal(outcome.kind, 'exited');
+      if (outcome.kind !== 'exited') return;
+      assert.equal(outcome.exitCode, 0);
+      assert.equal(outcome.truncated, true);
+      assert.ok(outcome.stdout.length > 1_000_000, `kept ${outcome.stdout.length}`);
+      assert.ok(outcome.stdout.length < 4 * 1024 * 1024);
+      assert.match(outcome.stdout, /^x+$/);
+    } finally {
+      await big.stop();
+      await run;
+    }
+  });
+
   it('an unknown tool is an error outcome', async () => {
     const id = inv();
     await broker.dispatch(agentId, {

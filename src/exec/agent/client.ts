@@ -27,6 +27,7 @@ import {
   decode,
   encode,
   enrollOutbound,
+  MAX_MESSAGE_BYTES,
   outcomeToWire,
   SendQueue,
   type AgentOutbound,
@@ -497,7 +498,7 @@ export class AgentClient extends EventEmitter<AgentClientEvents> {
   }
 
   private report(id: string, outcome: DispatchOutcome) {
-    const wire = outcomeToWire(outcome);
+    const wire = fitResult(id, outcomeToWire(outcome));
     this.unacked.set(id, { outcome: wire, attempts: 1, sentAt: performance.now() });
     this.session?.send({ type: 'RESULT', invocation_id: id, outcome: wire });
   }
@@ -534,4 +535,33 @@ export class AgentClient extends EventEmitter<AgentClientEvents> {
       this.stopWaiters.push(done);
     });
   }
+}
+
+/** What a RESULT may take of the broker's message bound (the rest: the envelope). */
+const RESULT_BYTES = MAX_MESSAGE_BYTES - 4096;
+
+/**
+ * The outcome cut so that its RESULT fits one message: the broker drops the connection
+ * of a peer that sends a larger one (ZeroMQ's maximum message size), again at every
+ * resend, so a tool allowed more output (`--max-output-bytes`, and JSON escaping
+ * grows binary output up to six times) would never be recorded. The longer of stdout
+ * and stderr is halved until it fits, and `truncated` says so.
+ */
+function fitResult(invocationId: string, outcome: WireOutcome): WireOutcome {
+  if (outcome.kind !== 'exited') return outcome;
+  let o = outcome;
+  const size = () => encode({ type: 'RESULT', invocation_id: invocationId, outcome: o }).length;
+  while (size() > RESULT_BYTES) {
+    const field = o.stdout.length >= o.stderr.length ? 'stdout' : 'stderr';
+    o = { ...o, [field]: halve(o[field]), truncated: true };
+  }
+  return o;
+}
+
+/** The first half of `s`, without splitting a surrogate pair. */
+function halve(s: string): string {
+  let end = Math.floor(s.length / 2);
+  const last = s.charCodeAt(end - 1);
+  if (last >= 0xd800 && last <= 0xdbff) end--;
+  return s.slice(0, end);
 }
