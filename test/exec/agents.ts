@@ -11,9 +11,11 @@ import { pino } from 'pino';
 import { Broker, generateKeyPair } from '../../src/exec/broker/index.js';
 import type { DispatchRequest } from '../../src/exec/contracts.js';
 import type { ExecService } from '../../src/exec/service.js';
+import assert from 'node:assert/strict';
 import type { TestServer } from '../support/harness.js';
+import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
-import { FakeTransport } from './support.js';
+import { enrollAgent, FakeTransport, tool, type ExecProject } from './support.js';
 
 export type Script = (req: DispatchRequest) => {
   exitCode: number;
@@ -122,4 +124,43 @@ export async function until<T>(
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/**
+ * The tool bridge's set-up against a worker of the test's own: an inference fixture
+ * whose endpoint `workerUrl` serves instead of the sim (worker id `workerId`), a key
+ * with `execution`, and an agent `agent` offering `fs.read` over an AutoTransport that
+ * answers every call with exit code 0 and `stdout`.
+ */
+export async function bridgeFixture(opts: {
+  workerUrl: string;
+  workerId: string;
+  agent: string;
+  stdout?: string;
+}): Promise<{ f: InferenceFixture; t: AutoTransport }> {
+  const f = await inferenceFixture({ keyScopes: ['inference', 'execution'] });
+  const del = await f.server.admin('DELETE', '/workers/sim-1');
+  assert.ok(del.status < 300, del.text);
+  const add = await f.server.admin('POST', '/workers', {
+    model: 'sim-model',
+    tier: 'cpu',
+    url: opts.workerUrl,
+    id: opts.workerId,
+  });
+  assert.ok(add.status < 300, add.text);
+  const m = await f.server.admin('POST', '/projects/inf/keys', { scopes: ['management'] });
+  const proj = await f.server.admin('GET', '/projects/inf');
+  const p: ExecProject = {
+    projectId: f.projectId,
+    projectUuid: String(proj.body.uuid),
+    slug: 'inf',
+    exec: f.key,
+    mgmt: String(m.body.key),
+    inference: f.key,
+  };
+  const stdout = opts.stdout ?? '';
+  const t = new AutoTransport(f.server.services.exec, () => ({ exitCode: 0, stdout }));
+  f.server.services.exec.setTransport(t);
+  await enrollAgent(f.server, p, { name: opts.agent, tools: [tool('fs.read')], transport: t });
+  return { f, t };
 }

@@ -16,9 +16,8 @@ import net, { type AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { eq } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-import { AutoTransport, until } from './agents.js';
-import { enrollAgent, tool, type ExecProject } from './support.js';
+import type { InferenceFixture } from '../support/inference.js';
+import { bridgeFixture, until } from './agents.js';
 
 /** Streams a long answer: thousands of events in a few large writes. */
 async function longAnswerWorker() {
@@ -59,30 +58,8 @@ describe('tool bridge: a streaming client that stops reading, then leaves', () =
   let f: InferenceFixture;
   let w: Awaited<ReturnType<typeof longAnswerWorker>>;
   before(async () => {
-    f = await inferenceFixture({ keyScopes: ['inference', 'execution'] });
     w = await longAnswerWorker();
-    const del = await f.server.admin('DELETE', '/workers/sim-1');
-    assert.ok(del.status < 300, del.text);
-    const add = await f.server.admin('POST', '/workers', {
-      model: 'sim-model',
-      tier: 'cpu',
-      url: w.url,
-      id: 'long',
-    });
-    assert.ok(add.status < 300, add.text);
-    const m = await f.server.admin('POST', '/projects/inf/keys', { scopes: ['management'] });
-    const proj = await f.server.admin('GET', '/projects/inf');
-    const p: ExecProject = {
-      projectId: f.projectId,
-      projectUuid: String(proj.body.uuid),
-      slug: 'inf',
-      exec: f.key,
-      mgmt: String(m.body.key),
-      inference: f.key,
-    };
-    const t = new AutoTransport(f.server.services.exec, () => ({ exitCode: 0, stdout: '' }));
-    f.server.services.exec.setTransport(t);
-    await enrollAgent(f.server, p, { name: 'bp-agent', tools: [tool('fs.read')], transport: t });
+    ({ f } = await bridgeFixture({ workerUrl: w.url, workerId: 'long', agent: 'bp-agent' }));
   });
   after(async () => {
     await f.close();

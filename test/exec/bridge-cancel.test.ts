@@ -11,9 +11,8 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { eq } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-import { AutoTransport, until } from './agents.js';
-import { enrollAgent, tool, type ExecProject } from './support.js';
+import type { InferenceFixture } from '../support/inference.js';
+import { bridgeFixture, until } from './agents.js';
 
 /** A worker that takes requests and never answers; `next()` resolves at the next one. */
 async function silentWorker() {
@@ -39,29 +38,8 @@ describe('tool bridge: a non-streamed request the client leaves', () => {
   let f: InferenceFixture;
   let w: Awaited<ReturnType<typeof silentWorker>>;
   before(async () => {
-    f = await inferenceFixture({ keyScopes: ['inference', 'execution'] });
     w = await silentWorker();
-    assert.ok((await f.server.admin('DELETE', '/workers/sim-1')).status < 300);
-    const add = await f.server.admin('POST', '/workers', {
-      model: 'sim-model',
-      tier: 'cpu',
-      url: w.url,
-      id: 'silent',
-    });
-    assert.ok(add.status < 300, add.text);
-    const m = await f.server.admin('POST', '/projects/inf/keys', { scopes: ['management'] });
-    const proj = await f.server.admin('GET', '/projects/inf');
-    const p: ExecProject = {
-      projectId: f.projectId,
-      projectUuid: String(proj.body.uuid),
-      slug: 'inf',
-      exec: f.key,
-      mgmt: String(m.body.key),
-      inference: f.key,
-    };
-    const t = new AutoTransport(f.server.services.exec, () => ({ exitCode: 0, stdout: '' }));
-    f.server.services.exec.setTransport(t);
-    await enrollAgent(f.server, p, { name: 'bc-agent', tools: [tool('fs.read')], transport: t });
+    ({ f } = await bridgeFixture({ workerUrl: w.url, workerId: 'silent', agent: 'bc-agent' }));
   });
   after(async () => {
     await f.close();

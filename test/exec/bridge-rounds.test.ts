@@ -12,9 +12,8 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { MAX_ROUNDS } from '../../src/inference/bridge.js';
-import { inferenceFixture, type InferenceFixture } from '../support/inference.js';
-import { AutoTransport } from './agents.js';
-import { enrollAgent, tool, type ExecProject } from './support.js';
+import type { InferenceFixture } from '../support/inference.js';
+import { AutoTransport, bridgeFixture } from './agents.js';
 
 /** Answers every request with a call of `fs_read`, whatever `tool_choice` says. */
 async function toolHappyWorker() {
@@ -107,35 +106,14 @@ describe('tool bridge round limit with a worker that ignores tool_choice', () =>
   let w: Awaited<ReturnType<typeof toolHappyWorker>>;
   let t: AutoTransport;
   before(async () => {
-    f = await inferenceFixture({ keyScopes: ['inference', 'execution'] });
     w = await toolHappyWorker();
     // The endpoint's worker is this one instead of the sim.
-    const del = await f.server.admin('DELETE', '/workers/sim-1');
-    assert.ok(del.status < 300, del.text);
-    const add = await f.server.admin('POST', '/workers', {
-      model: 'sim-model',
-      tier: 'cpu',
-      url: w.url,
-      id: 'ollama-like',
-    });
-    assert.ok(add.status < 300, add.text);
-    const m = await f.server.admin('POST', '/projects/inf/keys', { scopes: ['management'] });
-    const proj = await f.server.admin('GET', '/projects/inf');
-    const p: ExecProject = {
-      projectId: f.projectId,
-      projectUuid: String(proj.body.uuid),
-      slug: 'inf',
-      exec: f.key,
-      mgmt: String(m.body.key),
-      inference: f.key,
-    };
-    t = new AutoTransport(f.server.services.exec, () => ({ exitCode: 0, stdout: 'motd' }));
-    f.server.services.exec.setTransport(t);
-    await enrollAgent(f.server, p, {
-      name: 'rounds-agent',
-      tools: [tool('fs.read')],
-      transport: t,
-    });
+    ({ f, t } = await bridgeFixture({
+      workerUrl: w.url,
+      workerId: 'ollama-like',
+      agent: 'rounds-agent',
+      stdout: 'motd',
+    }));
   });
   after(async () => {
     await f.close();
