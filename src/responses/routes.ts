@@ -18,9 +18,10 @@
  * is an `error` event and `response.failed`.
  *
  * Stored responses (`store`, default true) keep the Response, its input items and the
- * conversation as chat messages; `previous_response_id` continues from them (an
- * unknown one is 400 `invalid_value`). A key bound to one endpoint sees only the
- * responses made through it. `response.completed` (also for `incomplete`) and
+ * conversation as chat messages; `previous_response_id` continues from them, only
+ * through the endpoint that made them (an unknown one, or another endpoint's, is 404
+ * `response_not_found`). A key bound to one endpoint sees only the responses made
+ * through it. `response.completed` (also for `incomplete`) and
  * `response.failed` events are emitted for webhooks, stored or not.
  */
 import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
@@ -171,11 +172,10 @@ class ResponsesApi {
     let history: Json[] = [];
     if (r.previousResponseId) {
       const prev = await this.stored(key, r.previousResponseId);
-      if (!prev) {
-        throw new ServiceError('invalid_value', {
-          message: `Previous response with id '${r.previousResponseId}' not found.`,
-          param: 'previous_response_id',
-        });
+      // Only a response made through this endpoint continues here, whatever the key:
+      // another endpoint's is not found, as an unknown one (its content stays there).
+      if (!prev || prev.endpointId !== endpoint.id) {
+        throw this.notFound(r.previousResponseId, 'previous_response_id');
       }
       history = prev.messages;
     }

@@ -190,7 +190,6 @@ describe('Responses API', () => {
         'missing_required_parameter',
         'text.format.schema',
       ],
-      [{ input: 'x', previous_response_id: 'resp_nope' }, 'invalid_value', 'previous_response_id'],
       [{ input: 'x', tools: [null] }, 'invalid_type', 'tools[0]'],
       [{ input: 'x', prompt: { id: 'pmpt_1' } }, 'unsupported_value', 'prompt'],
       [{ input: 'x', top_logprobs: 'x' }, 'invalid_type', 'top_logprobs'],
