@@ -49,7 +49,8 @@ export interface KeyCheck {
    * layer in the spec: past it, 429 `rate_limit_exceeded` with `Retry-After`. Every
    * key-authenticated route passes it except the inference routes, whose limits
    * (http/limits.ts `inference`) count the quota together with the tier's, and the
-   * Responses API, whose chat call counts it there. When admitted, the `X-RateLimit-*`
+   * Responses API, whose chat call counts it there (its reads and deletes count it after
+   * the endpoint binding, responses/routes.ts). When admitted, the `X-RateLimit-*`
    * headers describe the quota (given the reply); a management limit counted next
    * reports whichever of the two binds.
    */

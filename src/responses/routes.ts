@@ -39,6 +39,7 @@ import {
   internalKeyCredential,
 } from '../http/internal-key.js';
 import { clientJson, decoded, deferJsonErrors, unstorableRefusal } from '../http/json-body.js';
+import { managementHeaders } from '../http/limits.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
@@ -133,12 +134,22 @@ class ResponsesApi {
     private readonly conversations: ConversationService,
   ) {}
 
+  /**
+   * The key and the path's endpoint. `reply` (a read or a delete of a stored response):
+   * the key's quota is counted, after the endpoint binding as on chat; a response's
+   * creation counts it in its chat call.
+   */
   private async access(
     request: FastifyRequest<{ Params: Params }>,
+    reply?: FastifyReply,
   ): Promise<{ key: KeyRecord; endpoint: Endpoint }> {
     const { projectId, endpointSlug } = request.params;
     const key = await authenticateKey(this.s.verifier, request, projectId, 'inference');
     const endpoint = await keyEndpoint(this.s.resolveEndpoint, key, endpointSlug);
+    if (reply) {
+      const d = await this.s.limits.keyQuota(key);
+      if (d) reply.headers(managementHeaders(d));
+    }
     return { key, endpoint };
   }
 
@@ -393,16 +404,16 @@ class ResponsesApi {
     });
   }
 
-  retrieve = async (request: FastifyRequest<{ Params: Params }>) => {
-    const { key } = await this.access(request);
+  retrieve = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
+    const { key } = await this.access(request, reply);
     const id = request.params.responseId!;
     const row = await this.stored(key, id);
     if (!row) throw this.notFound(id);
     return row.body;
   };
 
-  remove = async (request: FastifyRequest<{ Params: Params }>) => {
-    const { key } = await this.access(request);
+  remove = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
+    const { key } = await this.access(request, reply);
     const id = request.params.responseId!;
     const row = await this.stored(key, id);
     if (!row) throw this.notFound(id);
@@ -415,8 +426,9 @@ class ResponsesApi {
       Params: Params;
       Querystring: { limit?: string; order?: string; after?: string };
     }>,
+    reply: FastifyReply,
   ) => {
-    const { key } = await this.access(request);
+    const { key } = await this.access(request, reply);
     const id = request.params.responseId!;
     const row = await this.stored(key, id);
     if (!row) throw this.notFound(id);

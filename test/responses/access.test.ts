@@ -1,7 +1,9 @@
 /**
  * Who may use a stored response, with the official OpenAI SDK: `previous_response_id`
  * continues only a response of the same endpoint (same project and endpoint), whatever
- * the key; another endpoint's is not found, and none of it reaches the worker.
+ * the key; another endpoint's is not found, and none of it reaches the worker. Reading,
+ * listing the input items of and deleting a stored response count against the key's
+ * quota, as every other request the key authenticates does.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -10,6 +12,7 @@ import {
   apiError,
   inferenceEndpoint,
   inferenceFixture,
+  inferenceKey,
   type InferenceFixture,
 } from '../support/inference.js';
 
@@ -62,5 +65,43 @@ describe('Responses API: a stored response belongs to its endpoint', () => {
       max_output_tokens: 16,
     });
     assert.equal(next.previous_response_id, first.id);
+  });
+});
+
+describe('Responses API: reads and deletes count against the key’s quota', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ tier: 'self_hosted' });
+  });
+  after(() => f.close());
+
+  it('retrieve, input items and delete each spend one request of the quota; past it 429', async () => {
+    const client = new OpenAI({
+      baseURL: f.baseURL,
+      apiKey: await inferenceKey(f, { scopes: ['inference'], quotaRequests: 4, quotaWindow: 60 }),
+      maxRetries: 0,
+    });
+    const r = await client.responses.create({ model: 'x', input: 'hi', max_output_tokens: 16 });
+    const { response: got } = await client.responses.retrieve(r.id).withResponse();
+    assert.equal(got.headers.get('x-ratelimit-limit'), '4');
+    assert.equal(got.headers.get('x-ratelimit-remaining'), '2');
+    await client.responses.inputItems.list(r.id);
+    await client.responses.delete(r.id);
+    // Four requests: the quota is spent, for reads and for chat alike.
+    for (const call of [
+      () => client.responses.retrieve(r.id),
+      () => client.responses.delete(r.id),
+      () => client.responses.inputItems.list(r.id),
+      () =>
+        client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'hi' }] }),
+    ]) {
+      const err = await apiError(call());
+      assert.equal(err.status, 429);
+      assert.equal(err.code, 'rate_limit_exceeded');
+      assert.ok(Number(err.headers?.get('retry-after')) >= 1);
+    }
+    // The window rolls on the clock.
+    f.server.clock.advance(61_000);
+    assert.equal((await apiError(client.responses.retrieve(r.id))).status, 404);
   });
 });
