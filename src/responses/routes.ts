@@ -8,7 +8,8 @@
  * as the caller's key through http/internal-key.ts), so the key's scopes, the
  * endpoint, limits, the clamp, routing, failover, timeouts, usage records and
  * billing are exactly chat's. The injected request streams (`payloadAsStream`): SSE
- * chunks become Responses events as they arrive (output.ts), and a client that goes
+ * chunks become Responses events as they arrive (output.ts), a slow client holds the
+ * chat stream back (its route then stops reading the worker's), and a client that goes
  * away destroys the injected response, which aborts the worker's request as a
  * disconnect from chat would.
  *
@@ -41,7 +42,7 @@ import {
 import { clientJson, decoded, deferJsonErrors, unstorableRefusal } from '../http/json-body.js';
 import { managementHeaders } from '../http/limits.js';
 import { listPage, listQuery } from '../http/validate.js';
-import { isDone, SseParser } from '../inference/sse.js';
+import { drained, isDone, SseParser } from '../inference/sse.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
 import { tables } from '../store/index.js';
@@ -314,12 +315,16 @@ class ResponsesApi {
     }
     raw.writeHead(200, head);
     const t = new ResponseStream(shell);
-    const send = (events: Json[]) => {
+    // Only the client's leaving ends a wait for it (drained resolves on close).
+    const staying = new AbortController().signal;
+    const send = async (events: Json[]) => {
       let text = '';
       for (const e of events) text += `event: ${String(e.type)}\ndata: ${JSON.stringify(e)}\n\n`;
-      if (text && !raw.destroyed) raw.write(text);
+      // A slow client holds the stream back, as on chat: nothing more is read from the
+      // chat stream (whose route then stops reading the worker's) until it took this.
+      if (text && !raw.destroyed && !raw.write(text)) await drained(raw, staying);
     };
-    send(t.start());
+    await send(t.start());
     const parser = new SseParser();
     // The last events (`response.completed`, or `error` and `response.failed`) wait
     // until the response is stored: a client that reads them and at once continues
@@ -333,7 +338,7 @@ class ResponsesApi {
             break outer;
           }
           if (isDone(ev)) break outer;
-          send(t.chunk(JSON.parse(ev.data) as Json));
+          await send(t.chunk(JSON.parse(ev.data) as Json));
         }
       }
     } catch (err) {
@@ -347,7 +352,7 @@ class ResponsesApi {
     await this.finish(key, endpoint, r, history, last.response).catch((err: unknown) => {
       this.s.logger.error({ err }, 'responses: storing a streamed response failed');
     });
-    send(last.events);
+    await send(last.events);
     raw.end();
   }
 
