@@ -48,9 +48,9 @@ export interface KeyCheck {
    * The key's own quota (`quotaRequests` per rolling `quotaWindow` s), part of the auth
    * layer in the spec: past it, 429 `rate_limit_exceeded` with `Retry-After`. Every
    * key-authenticated route passes it except the inference routes, whose limits
-   * (http/limits.ts `inference`) count the quota together with the tier's, and the
-   * Responses API, whose chat call counts it there (its reads and deletes count it after
-   * the endpoint binding, responses/routes.ts). When admitted, the `X-RateLimit-*`
+   * (http/limits.ts `inference`) count the quota together with the tier's (a response's
+   * creation among them), and the Responses API's reads and deletes, which count it
+   * after the endpoint binding (responses/routes.ts). When admitted, the `X-RateLimit-*`
    * headers describe the quota (given the reply); a management limit counted next
    * reports whichever of the two binds.
    */

@@ -64,6 +64,8 @@ export const INTERNAL_CALL_HEADER = 'x-switchyard-internal-call';
 interface Call {
   res: ServerResponse | null;
   aborted: boolean;
+  /** The caller counted the inference limits for it (`internalCallAdmitted`). */
+  admitted: boolean;
 }
 const calls = new Map<string, Call>();
 
@@ -75,9 +77,14 @@ export interface InternalCall {
   done(): void;
 }
 
-export function internalCall(): InternalCall {
+/**
+ * `admitted`: the caller already counted the inference limits for this request (the
+ * Responses API counts them when the response is asked for, before it reads anything),
+ * so the inference path does not count them again.
+ */
+export function internalCall(opts: { admitted?: boolean } = {}): InternalCall {
   const id = randomBytes(16).toString('hex');
-  const call: Call = { res: null, aborted: false };
+  const call: Call = { res: null, aborted: false, admitted: opts.admitted ?? false };
   calls.set(id, call);
   return {
     id,
@@ -99,4 +106,11 @@ export function attachInternalCall(request: FastifyRequest, res: ServerResponse)
   if (!call) return;
   call.res = res;
   if (call.aborted) res.destroy();
+}
+
+/** The injected request's limits were counted by its caller (`internalCall({admitted})`). */
+export function internalCallAdmitted(request: FastifyRequest): boolean {
+  const id = request.headers[INTERNAL_CALL_HEADER];
+  if (typeof id !== 'string' || request.raw.socket instanceof Socket) return false;
+  return calls.get(id)?.admitted === true;
 }

@@ -4,7 +4,8 @@
  * if it had one (the key answers first: http/json-body.ts), the endpoint by slug
  * in the key's project, the key's endpoint binding, the endpoint's status, its
  * tier, and the inference rate limits, whose headers go on the reply whatever
- * happens next.
+ * happens next (not for the chat call of a response, whose route counted them:
+ * `internalCallAdmitted`).
  *
  * Errors: 401/403 from the key (http/auth.ts); 404 `endpoint_not_found`; 403
  * `endpoint_restricted` (key bound to another endpoint); 403 `endpoint_suspended`;
@@ -15,7 +16,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey, keyEndpoint } from '../http/auth.js';
-import { attachInternalCall } from '../http/internal-key.js';
+import { attachInternalCall, internalCallAdmitted } from '../http/internal-key.js';
 import { decoded } from '../http/json-body.js';
 import type { Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
@@ -64,6 +65,8 @@ export async function resolveTarget(
 
   const tier = d.tiers.get(endpoint.tierId as TierId);
   if (!tier) throw new ServiceError('internal_error', { message: 'Unknown tier.' });
+  // The Responses API counted them when the response was asked for: not twice.
+  if (internalCallAdmitted(request)) return { key, endpoint, tier, body };
   reply.headers(
     await d.limits.inference({
       projectId: key.projectId,

@@ -7,8 +7,10 @@
  * (request.ts), which runs through the chat route in-process (`app.inject`, acting
  * as the caller's key through http/internal-key.ts), so the key's scopes, the
  * endpoint, limits, the clamp, routing, failover, timeouts, usage records and
- * billing are exactly chat's. The injected request streams (`payloadAsStream`): SSE
- * chunks become Responses events as they arrive (output.ts), a slow client holds the
+ * billing are exactly chat's. The inference limits are counted once, when the
+ * response is asked for (inference/target.ts, as chat does), not by the chat call.
+ * The injected request streams (`payloadAsStream`): SSE chunks become Responses
+ * events as they arrive (output.ts), a slow client holds the
  * chat stream back (its route then stops reading the worker's), and a client that goes
  * away destroys the injected response, which aborts the worker's request as a
  * disconnect from chat would.
@@ -39,10 +41,11 @@ import {
   internalCall,
   internalKeyCredential,
 } from '../http/internal-key.js';
-import { clientJson, decoded, deferJsonErrors, unstorableRefusal } from '../http/json-body.js';
+import { clientJson, deferJsonErrors, unstorableRefusal } from '../http/json-body.js';
 import { managementHeaders } from '../http/limits.js';
 import { listPage, listQuery } from '../http/validate.js';
 import { drained, isDone, SseParser } from '../inference/sse.js';
+import { resolveTarget } from '../inference/target.js';
 import type { KeyRecord } from '../keys/index.js';
 import type { Services } from '../runtime/services.js';
 import { tables } from '../store/index.js';
@@ -136,21 +139,19 @@ class ResponsesApi {
   ) {}
 
   /**
-   * The key and the path's endpoint. `reply` (a read or a delete of a stored response):
-   * the key's quota is counted, after the endpoint binding as on chat; a response's
-   * creation counts it in its chat call.
+   * The key and the path's endpoint for a read or a delete of a stored response, whose
+   * key quota is counted, after the endpoint binding as on chat (a response's creation
+   * counts the inference limits, the quota among them, in `create`).
    */
   private async access(
     request: FastifyRequest<{ Params: Params }>,
-    reply?: FastifyReply,
+    reply: FastifyReply,
   ): Promise<{ key: KeyRecord; endpoint: Endpoint }> {
     const { projectId, endpointSlug } = request.params;
     const key = await authenticateKey(this.s.verifier, request, projectId, 'inference');
     const endpoint = await keyEndpoint(this.s.resolveEndpoint, key, endpointSlug);
-    if (reply) {
-      const d = await this.s.limits.keyQuota(key);
-      if (d) reply.headers(managementHeaders(d));
-    }
+    const d = await this.s.limits.keyQuota(key);
+    if (d) reply.headers(managementHeaders(d));
     return { key, endpoint };
   }
 
@@ -174,8 +175,19 @@ class ResponsesApi {
   }
 
   create = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
-    const { key, endpoint } = await this.access(request);
-    const raw = decoded(request.body);
+    const s = this.s;
+    // The inference limits (the key's quota among them) as chat counts them, when the
+    // response is asked for: before its body is checked or what it names is read. Its
+    // chat call does not count them again (`internalCall({ admitted })`).
+    const {
+      key,
+      endpoint,
+      body: raw,
+    } = await resolveTarget(
+      { verifier: s.verifier, endpoints: s.resolveEndpoint, tiers: s.tiers, limits: s.limits },
+      request,
+      reply,
+    );
     // Stored after the worker's answer (maybe already streamed): refuse what
     // cannot be stored before anything runs.
     const refused = unstorableRefusal(raw);
@@ -216,7 +228,7 @@ class ResponsesApi {
       if (typeof v === 'string') headers[h] = v;
     }
     // The client leaving ends the chat request as a disconnect would, at any stage.
-    const call = internalCall();
+    const call = internalCall({ admitted: true });
     headers[INTERNAL_CALL_HEADER] = call.id;
     const onClose = () => {
       if (!reply.raw.writableFinished) call.abort();

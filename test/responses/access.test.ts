@@ -104,4 +104,37 @@ describe('Responses API: reads and deletes count against the key’s quota', () 
     f.server.clock.advance(61_000);
     assert.equal((await apiError(client.responses.retrieve(r.id))).status, 404);
   });
+
+  it('a response counts once, when it arrives: past the quota, whatever its body, 429', async () => {
+    const client = new OpenAI({
+      baseURL: f.baseURL,
+      apiKey: await inferenceKey(f, { scopes: ['inference'], quotaRequests: 3, quotaWindow: 60 }),
+      maxRetries: 0,
+    });
+    const conv = await f.client.conversations.create({});
+    // Each spends one request, the one refused for its body or what it names too, as on chat.
+    const { response: made } = await client.responses
+      .create({ model: 'x', input: 'hi', max_output_tokens: 16 })
+      .withResponse();
+    assert.equal(made.headers.get('x-ratelimit-limit'), '3');
+    assert.equal(made.headers.get('x-ratelimit-remaining'), '2');
+    const unknown = await apiError(
+      client.responses.create({ model: 'x', input: 'x', previous_response_id: 'resp_nope' }),
+    );
+    assert.equal(unknown.status, 404);
+    const bad = await apiError(client.responses.create({ model: 'x', input: [] }));
+    assert.equal(bad.status, 400);
+    // The quota is spent: nothing is looked up any more, whatever the request names.
+    for (const body of [
+      { model: 'x', input: 'hi' },
+      { model: 'x', input: 'x', previous_response_id: 'resp_nope' },
+      { model: 'x', input: 'x', conversation: conv.id },
+      { model: 'x', input: [] },
+    ]) {
+      const err = await apiError(client.responses.create(body));
+      assert.equal(err.status, 429, JSON.stringify(body));
+      assert.equal(err.code, 'rate_limit_exceeded');
+    }
+    f.server.clock.advance(61_000);
+  });
 });
