@@ -386,12 +386,18 @@ class ResponsesApi {
     await this.s.store.db.transaction(async (tx) => {
       if (r.conversationId !== null && status !== 'failed') {
         // The turn joins the conversation: what was said, then what the model answered.
-        await this.conversations.append(
-          { projectId: key.projectId, boundTo: key.endpointId, through: endpoint.id },
-          r.conversationId,
-          [...stored, ...(output as Item[])],
-          tx,
-        );
+        // A conversation deleted while the worker answered takes no turn; the answer,
+        // made and billed, is still answered, stored and its event written.
+        await this.conversations
+          .append(
+            { projectId: key.projectId, boundTo: key.endpointId, through: endpoint.id },
+            r.conversationId,
+            [...stored, ...(output as Item[])],
+            tx,
+          )
+          .catch((err: unknown) => {
+            if (!(err instanceof ServiceError && err.code === 'conversation_not_found')) throw err;
+          });
       }
       if (r.store && status !== 'failed') {
         await tx.insert(responses).values({

@@ -9,6 +9,7 @@ import { tables } from '../../src/store/index.js';
 import {
   inferenceEndpoint,
   inferenceFixture,
+  until,
   type InferenceFixture,
 } from '../support/inference.js';
 import { seedProject } from '../support/harness.js';
@@ -280,5 +281,52 @@ describe('Conversations API', () => {
       );
     assert.ok(unknown instanceof OpenAI.BadRequestError);
     assert.equal(unknown.param, 'conversation');
+  });
+});
+
+describe('Conversations API: a conversation deleted while a response in it runs', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ simOnFakeClock: true, sim: { ttftMs: 5_000 } });
+  });
+  after(() => f.close());
+
+  it('the response made meanwhile is still answered, stored and its event written', async () => {
+    for (const stream of [false, true]) {
+      const conv = await f.client.conversations.create({});
+      const running = f.worker.stats().running;
+      const pending = stream
+        ? (async () => {
+            const s = f.client.responses.stream({
+              model: 'x',
+              input: 'hi',
+              conversation: conv.id,
+              max_output_tokens: 16,
+            });
+            return s.finalResponse();
+          })()
+        : f.client.responses.create({
+            model: 'x',
+            input: 'hi',
+            conversation: conv.id,
+            max_output_tokens: 16,
+          });
+      const outcome = (pending as Promise<{ id: string }>).then(
+        (r) => r,
+        (e: unknown) => (e instanceof Error ? e : new Error(String(e))),
+      );
+      await until(() => f.worker.stats().running > running, 'the worker to start');
+      await f.client.conversations.delete(conv.id);
+      f.server.clock.advance(6_000);
+      const r = await outcome;
+      if (r instanceof Error) assert.fail(`stream ${stream}: ${String(r)}`);
+      // The answer the worker made (and the project paid for) is not lost.
+      assert.equal((await f.client.responses.retrieve(r.id)).id, r.id);
+      const events = await f.server.services.store.db.select().from(tables.events);
+      assert.ok(
+        events.some((e) => e.type === 'response.completed' && e.body.includes(r.id)),
+        `stream ${stream}: no response.completed event`,
+      );
+    }
   });
 });
