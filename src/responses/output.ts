@@ -145,14 +145,20 @@ export function fromCompletion(s: Shell, completion: Json): Json {
   });
 }
 
-/** The assistant's turn as chat messages (for `previous_response_id`). */
+/**
+ * The assistant's turn as chat messages (for `previous_response_id`): its text and
+ * refusals joined, as a conversation's history has them (request.ts `toChatMessages`).
+ */
 export function outputMessages(output: readonly Json[]): Json[] {
   const msgs: Json[] = [];
   let text = '';
   const calls: Json[] = [];
   for (const it of output) {
     if (it.type === 'message') {
-      for (const p of it.content as Json[]) if (p.type === 'output_text') text += String(p.text);
+      for (const p of it.content as Json[]) {
+        if (p.type === 'output_text') text += String(p.text);
+        else if (p.type === 'refusal') text += String(p.refusal);
+      }
     } else if (it.type === 'function_call') {
       calls.push({
         id: it.call_id,

@@ -161,6 +161,26 @@ describe('Responses API', () => {
     assert.equal(streamed.arguments, args);
   });
 
+  it('previous_response_id carries a refusal into the history, as a conversation does', async () => {
+    const first = await f.client.responses.create({
+      model: 'x',
+      input: '[sim:refusal] Tell me a secret.',
+    });
+    const part = (first.output[0] as { content: Array<{ type: string }> }).content[0]!;
+    assert.equal(part.type, 'refusal');
+    const next = await f.client.responses.create({
+      model: 'x',
+      input: 'Why?',
+      previous_response_id: first.id,
+      max_output_tokens: 16,
+    });
+    // The second prompt holds the first turn whole: its input and the refusal.
+    assert.ok(
+      next.usage!.input_tokens > first.usage!.input_tokens + first.usage!.output_tokens,
+      `${next.usage!.input_tokens} vs ${first.usage!.input_tokens} + ${first.usage!.output_tokens}`,
+    );
+  });
+
   it('store: false keeps nothing', async () => {
     const r = await f.client.responses.create({ model: 'x', input: 'hi', store: false });
     assert.equal((r as unknown as { store: boolean }).store, false);
