@@ -254,11 +254,22 @@ export class Directory implements AgentDirectory {
    * Soft-deletes an agent inside `tx`: its in-flight invocations fail
    * (`agent_deleted`) and are cancelled on the agent after commit by the caller.
    */
-  async softDelete(tx: Tx, agent: AgentRow, now: Date, reason: string): Promise<InvocationRow[]> {
-    await tx
+  /**
+   * Null when the agent was deleted already: another delete, read live at the same
+   * time, got there first (it failed the in-flight invocations and emitted the event).
+   */
+  async softDelete(
+    tx: Tx,
+    agent: AgentRow,
+    now: Date,
+    reason: string,
+  ): Promise<InvocationRow[] | null> {
+    const done = await tx
       .update(A)
       .set({ status: 'deleted', deletedAt: now, leaseExpiresAt: null, updatedAt: now })
-      .where(eq(A.id, agent.id));
+      .where(and(eq(A.id, agent.id), isNull(A.deletedAt)))
+      .returning({ id: A.id });
+    if (done.length === 0) return null;
     const inflight = await tx
       .select()
       .from(I)

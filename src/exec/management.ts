@@ -236,6 +236,10 @@ export class Management {
     const inflight = await this.ctx.db.transaction((tx) =>
       this.directory.softDelete(tx, a, now, 'deleted_by_api'),
     );
+    // Deleted meanwhile by a delete that read it live at the same time: as if after it.
+    if (inflight === null) {
+      throw new ServiceError('invalid_state', { message: 'The agent has been deleted.' });
+    }
     this.ctx.poke();
     for (const inv of inflight) await this.invocations.cancelOnAgent(inv);
     return { ...(await this.getAgent(projectId, id)), deleted: true };

@@ -204,6 +204,26 @@ for (const driver of drivers()) {
       );
     });
 
+    it('two deletes of one agent at once: one deletes it (one agent.deleted), the other is 409', async () => {
+      const a = await enrollAgent(s, p, { name: 'twice', tools: [tool('x.run')], transport: t });
+      // Side by side in the service, so both read the agent live before either deletes.
+      const m = s.services.exec.management;
+      const both = await Promise.allSettled([
+        m.deleteAgent(p.projectUuid, a.agentId),
+        m.deleteAgent(p.projectUuid, a.agentId),
+      ]);
+      assert.deepEqual(
+        both.map((r) => r.status),
+        ['fulfilled', 'rejected'],
+      );
+      const err = (both[1] as PromiseRejectedResult).reason as { code?: string; status?: number };
+      assert.deepEqual([err.status, err.code], [409, 'invalid_state']);
+      const deleted = (await events(s, p.projectUuid, 'agent.deleted')).filter(
+        (e) => e.data.agent_id === a.agentId,
+      );
+      assert.equal(deleted.length, 1);
+    });
+
     it('broker endpoint: the transport’s server key and endpoints; 503 without a transport', async () => {
       s.services.exec.setTransport(null);
       expectError(await call('GET', '/exec/broker'), 503, 'unavailable');
