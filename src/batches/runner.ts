@@ -407,11 +407,14 @@ export class BatchRunner {
     const now = new Date(this.s.clock.now());
     const emitted = await this.s.store.db.transaction(async (tx) => {
       const [cur] = await tx
-        .select({ id: B.id })
+        .select({ id: B.id, status: B.status })
         .from(B)
         .where(and(eq(B.id, b.id), eq(B.leaseToken, b.token)))
         .for('update');
       if (!cur) return false;
+      // A cancel that landed after the runner found nothing left to run: the client was
+      // told `cancelling`, so the batch ends cancelled (its results all in the output).
+      if (outcome === 'completed' && cur.status === 'cancelling') outcome = 'cancelled';
       let expired = 0;
       if (outcome === 'expired') {
         const rows = await tx

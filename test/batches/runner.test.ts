@@ -3,7 +3,8 @@
  * two runners on one database run every request exactly once (counted at the
  * worker); a live lease keeps a batch from a second runner and an expired one
  * lets it take over; a stop does not wait out a batch's Retry-After; the internal
- * credential is refused from the network.
+ * credential is refused from the network; a cancel that lands just before the batch is
+ * finalised ends it cancelled.
  */
 import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, it } from 'node:test';
@@ -165,5 +166,35 @@ describe('batch runner', () => {
       payload: JSON.stringify(body),
     });
     assert.equal(ok.statusCode, 200, ok.body);
+  });
+
+  it('a cancel that lands after the last request ran, before the batch is finalised, ends it cancelled', async () => {
+    const batch = await create('x', 1);
+    const r = new BatchRunner(f.server.services, f.server.app, { pollMs: 5 });
+    // The oldest claimable batch first: one an earlier test gave back may come before it.
+    let claimed = await r.claim();
+    while (claimed !== null && claimed.id !== batch.id) claimed = await r.claim();
+    assert.equal(claimed?.id, batch.id);
+    // The runner found no pending request and goes to finalise it as completed; the
+    // cancel lands in between.
+    assert.equal((await f.client.batches.cancel(batch.id)).status, 'cancelling');
+    await (r as unknown as { finalize(b: unknown, o: string): Promise<void> }).finalize(
+      claimed,
+      'completed',
+    );
+    const done = await f.client.batches.retrieve(batch.id);
+    assert.equal(done.status, 'cancelled');
+    assert.ok(done.cancelled_at !== null && done.completed_at === null, JSON.stringify(done));
+    const types = (
+      await f.server.services.store.db
+        .select({ type: tables.events.type, body: tables.events.body })
+        .from(tables.events)
+    )
+      .filter((e) => e.body.includes(batch.id))
+      .map((e) => e.type);
+    assert.ok(
+      types.includes('batch.cancelled') && !types.includes('batch.completed'),
+      types.join(),
+    );
   });
 });
