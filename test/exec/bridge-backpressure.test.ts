@@ -12,12 +12,13 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import http from 'node:http';
-import net, { type AddressInfo } from 'node:net';
+import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { eq } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import type { InferenceFixture } from '../support/inference.js';
 import { bridgeFixture, until } from './agents.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 /** Streams a long answer: thousands of events in a few large writes. */
 async function longAnswerWorker() {
@@ -42,16 +43,7 @@ async function longAnswerWorker() {
       res.end(body + 'data: [DONE]\n\n');
     });
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
-  };
+  return listenWorker(server);
 }
 
 describe('tool bridge: a streaming client that stops reading, then leaves', () => {

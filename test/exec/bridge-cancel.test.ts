@@ -5,14 +5,13 @@
  * recorded `cancelled`. A round the worker failed before answering stays free.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { eq } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import type { InferenceFixture } from '../support/inference.js';
 import { bridgeFixture, until } from './agents.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 /** A worker that takes requests and never answers; `next()` resolves at the next one. */
 async function silentWorker() {
@@ -21,16 +20,9 @@ async function silentWorker() {
     req.resume();
     if (req.method === 'POST') req.on('end', () => arrived?.());
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    ...(await listenWorker(server)),
     next: () => new Promise<void>((r) => (arrived = r)),
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
   };
 }
 

@@ -6,14 +6,13 @@
  * modes, instead of running tools round after round until the tier deadline.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { MAX_ROUNDS } from '../../src/inference/bridge.js';
 import type { InferenceFixture } from '../support/inference.js';
 import { AutoTransport, bridgeFixture } from './agents.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 /** Answers every request with a call of `fs_read`, whatever `tool_choice` says. */
 async function toolHappyWorker() {
@@ -84,19 +83,12 @@ async function toolHappyWorker() {
       );
     });
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
   return {
+    ...(await listenWorker(server)),
     seen,
     reset: () => {
       seen.length = 0;
       n = 0;
-    },
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
     },
   };
 }

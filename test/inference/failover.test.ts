@@ -13,6 +13,7 @@ import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { clockSleep, startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 describe('failover between workers', () => {
   let s: TestServer;
@@ -234,18 +235,11 @@ async function hangingWorker() {
     }
     held.push(req.socket);
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    ...(await listenWorker(server)),
     held: () => held.length,
     reset: () => {
       for (const s of held.splice(0)) s.resetAndDestroy();
-    },
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
     },
   };
 }

@@ -11,10 +11,10 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import http from 'node:http';
 import net from 'node:net';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { tables } from '../../src/store/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 /** An OpenAI-compatible worker answering "ok" to everything, keeping every request body. */
 async function recordingWorker() {
@@ -98,16 +98,9 @@ async function recordingWorker() {
       );
     });
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
   return {
+    ...(await listenWorker(server)),
     bodies,
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
   };
 }
 

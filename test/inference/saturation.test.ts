@@ -7,12 +7,11 @@
  * failover.test.ts.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { startTestServer, type TestServer } from '../support/harness.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 const RETRY_STRATEGY_KEYS = ['initial_delay_ms', 'jitter', 'max_delay_ms', 'multiplier', 'type'];
 
@@ -38,16 +37,9 @@ async function saturatedWorker() {
       );
     });
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
   return {
+    ...(await listenWorker(server)),
     state,
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
   };
 }
 

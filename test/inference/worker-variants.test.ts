@@ -12,13 +12,12 @@
  *   both argument strings glued together.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { startTestServer, type TestServer } from '../support/harness.js';
 import { validateChunk, validateCompletion } from '../support/openai-schemas.js';
+import { listenWorker } from '../support/fake-worker.js';
 
 type Payload = Record<string, unknown>;
 
@@ -160,16 +159,7 @@ async function variantWorker() {
       res.end(v.chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n');
     });
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    close: async () => {
-      server.closeAllConnections();
-      server.close();
-      await once(server, 'close');
-    },
-  };
+  return listenWorker(server);
 }
 
 describe('what engines send, as the client gets it', () => {
