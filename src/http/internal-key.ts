@@ -64,7 +64,7 @@ export const INTERNAL_CALL_HEADER = 'x-switchyard-internal-call';
 interface Call {
   res: ServerResponse | null;
   aborted: boolean;
-  /** The caller counted the inference limits for it (`internalCallAdmitted`). */
+  /** The caller counted the inference limits for it (`attachInternalCall` says so). */
   admitted: boolean;
 }
 const calls = new Map<string, Call>();
@@ -98,19 +98,17 @@ export function internalCall(opts: { admitted?: boolean } = {}): InternalCall {
   };
 }
 
-/** Called by the inference path with its response; a no-op for requests from the network. */
-export function attachInternalCall(request: FastifyRequest, res: ServerResponse): void {
-  const id = request.headers[INTERNAL_CALL_HEADER];
-  if (typeof id !== 'string' || request.raw.socket instanceof Socket) return;
-  const call = calls.get(id);
-  if (!call) return;
-  call.res = res;
-  if (call.aborted) res.destroy();
-}
-
-/** The injected request's limits were counted by its caller (`internalCall({admitted})`). */
-export function internalCallAdmitted(request: FastifyRequest): boolean {
+/**
+ * Called by the inference path with its response; a no-op for requests from the
+ * network. True when the caller counted the request's limits already
+ * (`internalCall({admitted})`).
+ */
+export function attachInternalCall(request: FastifyRequest, res: ServerResponse): boolean {
   const id = request.headers[INTERNAL_CALL_HEADER];
   if (typeof id !== 'string' || request.raw.socket instanceof Socket) return false;
-  return calls.get(id)?.admitted === true;
+  const call = calls.get(id);
+  if (!call) return false;
+  call.res = res;
+  if (call.aborted) res.destroy();
+  return call.admitted;
 }

@@ -5,7 +5,7 @@
  * in the key's project, the key's endpoint binding, the endpoint's status, its
  * tier, and the inference rate limits, whose headers go on the reply whatever
  * happens next (not for the chat call of a response, whose route counted them:
- * `internalCallAdmitted`).
+ * `attachInternalCall`).
  *
  * Errors: 401/403 from the key (http/auth.ts); 404 `endpoint_not_found`; 403
  * `endpoint_restricted` (key bound to another endpoint); 403 `endpoint_suspended`;
@@ -16,7 +16,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Endpoint } from '../endpoints/repository.js';
 import { ServiceError } from '../errors/index.js';
 import { authenticateKey, keyEndpoint } from '../http/auth.js';
-import { attachInternalCall, internalCallAdmitted } from '../http/internal-key.js';
+import { attachInternalCall } from '../http/internal-key.js';
 import { decoded } from '../http/json-body.js';
 import type { Limits } from '../http/limits.js';
 import type { KeyRecord, KeyVerifier } from '../keys/index.js';
@@ -48,7 +48,7 @@ export async function resolveTarget(
   };
   const key = await authenticateKey(d.verifier, request, projectId, 'inference');
   // An in-process call (the Responses API) ends when its caller's client leaves.
-  attachInternalCall(request, reply.raw);
+  const admitted = attachInternalCall(request, reply.raw);
   // A body that did not decode answers right after the key (http/json-body.ts).
   const body = decoded(request.body);
   const endpoint = await keyEndpoint(d.endpoints, key, endpointSlug);
@@ -66,7 +66,7 @@ export async function resolveTarget(
   const tier = d.tiers.get(endpoint.tierId as TierId);
   if (!tier) throw new ServiceError('internal_error', { message: 'Unknown tier.' });
   // The Responses API counted them when the response was asked for: not twice.
-  if (internalCallAdmitted(request)) return { key, endpoint, tier, body };
+  if (admitted) return { key, endpoint, tier, body };
   reply.headers(
     await d.limits.inference({
       projectId: key.projectId,
