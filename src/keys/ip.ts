@@ -11,7 +11,7 @@
  */
 import { BlockList, isIP } from 'node:net';
 
-/** One list's entries by family; null: the list is empty. */
+/** One list's entries, by family (a list with no entries compiles to null). */
 interface Families {
   v4: BlockList;
   v6: BlockList;
