@@ -1,9 +1,13 @@
 // Runs every *.test.ts under test/ and src/, and the benchmark's own *.test.mjs under
-// bench/, with node's test runner (tsx as loader).
+// bench/, with node's test runner. The TypeScript is compiled first into a mirror of
+// the checkout (scripts/compile-tests.mjs) and the tests run as plain JavaScript;
+// SWY_TEST_TSX=1 runs the sources through tsx's loader instead.
 // Node 20's runner has no glob support, so the file list is built here.
 import { spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { compiledPath, compileTests, removeMirror } from './compile-tests.mjs';
 
 function collect(dir, out) {
   for (const name of readdirSync(dir)) {
@@ -26,25 +30,30 @@ if (exclude.length) files = files.filter((f) => !exclude.some((x) => f.includes(
 // two runner slots end together instead of one finishing such a file alone at the end.
 const spawns = (f) => /spawnSwitchyard\(|spawn\(process\.execPath/.test(readFileSync(f, 'utf8'));
 files = [...files.filter(spawns), ...files.filter((f) => !spawns(f))];
+const viaTsx = process.env.SWY_TEST_TSX === '1';
+const mirror = viaTsx ? null : await compileTests();
+const run = (f) => (mirror && f.endsWith('.ts') ? compiledPath(mirror, f) : f);
+const loader = viaTsx ? ['--import', 'tsx'] : ['--enable-source-maps'];
 // The migrated PGlite database the tests' databases start from (test/support/pglite-template.ts),
 // made once here so that every test process, and every binary they spawn, finds it.
 const template = spawnSync(
   process.execPath,
   [
-    '--import',
-    'tsx',
+    ...loader,
+    '--input-type=module',
     '-e',
-    "import('./test/support/pglite-template.ts').then((m) => m.pgliteTemplate())",
+    `import(${JSON.stringify(pathToFileURL(run('test/support/pglite-template.ts')).href)}).then((m) => m.pgliteTemplate())`,
   ],
   { stdio: 'inherit' },
 );
 if (template.status !== 0) console.error('PGlite template not made; each test makes its own');
 const r = spawnSync(
   process.execPath,
-  ['--import', 'tsx', '--test', '--test-concurrency=2', '--test-reporter=spec', ...files],
+  [...loader, '--test', '--test-concurrency=2', '--test-reporter=spec', ...files.map(run)],
   // A test file that never exits (a leaked handle after a failure) must fail the
   // run, not hang CI: the whole suite gets 20 minutes.
   { stdio: 'inherit', env: { ...process.env, NODE_ENV: 'test' }, timeout: 20 * 60 * 1000 },
 );
 if (r.error) console.error(`test run aborted: ${r.error.message}`);
+if (mirror) removeMirror(mirror);
 process.exit(r.status ?? 1);
