@@ -377,6 +377,15 @@ export class Approvals {
     return row ?? null;
   }
 
+  /**
+   * Locks the approval of an invocation (`FOR UPDATE`) in `tx`. Every decision, step
+   * and expiry writes the approval's row before the invocation's; a transaction that
+   * ends an invocation waiting for approval takes this lock first to keep that order.
+   */
+  async lockFor(tx: Tx, invocationId: string): Promise<void> {
+    await tx.select({ id: P.id }).from(P).where(eq(P.invocationId, invocationId)).for('update');
+  }
+
   /** The invocation was cancelled while waiting: its approval expires silently. */
   async expireFor(tx: Tx, invocationId: string, now: Date): Promise<void> {
     await tx

@@ -449,6 +449,10 @@ export class Invocations {
       if (isTerminal(inv.status)) throw o.terminal(inv.status);
       const now = new Date(this.ctx.clock.now());
       const moved = await this.ctx.db.transaction(async (tx) => {
+        // The approval's row before the invocation's, the order of a decision
+        // (approvals.ts): a cancel and an approve of one invocation at the same time
+        // would otherwise each hold the row the other waits for (a PostgreSQL deadlock).
+        if (inv.status === 'pending_approval') await this.approvals().lockFor(tx, inv.id);
         const m = await o.transition(
           tx,
           inv,

@@ -455,6 +455,35 @@ for (const driver of drivers()) {
       t.connected.add(agent);
     });
 
+    it('approve and cancel of one invocation at the same time: never a 500, one consistent outcome', async () => {
+      for (let i = 0; i < 40; i++) {
+        const { inv, app } = await request();
+        const [ok, cancelled] = await Promise.all([
+          decide(app, 'approve', 'owner'),
+          call('POST', `/invocations/${inv}/cancel`),
+        ]);
+        assert.ok([200, 409].includes(ok.status), ok.text);
+        assert.ok([200, 503].includes(cancelled.status), cancelled.text);
+        if (cancelled.status === 503) {
+          assert.equal((await call('POST', `/invocations/${inv}/cancel`)).status, 200);
+        }
+        const a = await call('GET', `/approvals/${app}`);
+        const got = await call('GET', `/invocations/${inv}`);
+        assert.equal(got.body.status, 'cancelled', got.text);
+        const approved = (await events(s, p.projectUuid, 'exec.approved')).some(
+          (x) => x.data.approval_id === app,
+        );
+        if (ok.status === 200) {
+          assert.equal(a.body.status, 'accepted');
+          assert.equal(approved, true);
+        } else {
+          assert.equal(a.body.status, 'expired');
+          assert.equal(approved, false);
+          expectError(ok, 409, 'approval_not_pending');
+        }
+      }
+    });
+
     it('verifyApprovalRequestedSignature: accepts the original delivery, refuses tampering', async () => {
       const secret = 'whsec_' + 'k'.repeat(43);
       const [e] = await events(s, p.projectUuid, 'exec.approval_requested');
