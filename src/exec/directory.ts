@@ -64,6 +64,20 @@ function storableText(s: string): string {
   return s.includes('\u0000') ? s.replaceAll('\u0000', '\uFFFD') : s;
 }
 
+/** The range of the `integer` columns an agent's numbers are stored in (exit code, durations). */
+const INT_MAX = 2 ** 31 - 1;
+const INT_MIN = -(2 ** 31);
+
+/** An exit code the `exit_code` column holds: an integer of 32 bits. */
+function storableExitCode(code: number): boolean {
+  return Number.isInteger(code) && code >= INT_MIN && code <= INT_MAX;
+}
+
+/** A duration an agent reported, in milliseconds, as the `integer` column holds it. */
+function storableMs(ms: number): number {
+  return Math.min(Math.max(Math.round(ms), 0), INT_MAX);
+}
+
 export class Directory implements AgentDirectory {
   constructor(private readonly ctx: ExecContext) {}
 
@@ -368,15 +382,23 @@ export class Directory implements AgentDirectory {
           const out = clampUtf8(storableText(outcome.stdout), max);
           const err = clampUtf8(storableText(outcome.stderr), max);
           const ok = outcome.exitCode === 0;
+          // An exit code no process has (not a 32-bit integer) is the agent's fault: the
+          // invocation fails saying so, instead of its record failing to be written (and
+          // the invocation waiting for the timeout backstop).
+          const valid = storableExitCode(outcome.exitCode);
+          const code = valid ? 'nonzero_exit' : 'invalid_exit_code';
+          const message = valid
+            ? `The tool exited with code ${outcome.exitCode}.`
+            : `The agent reported exit code ${outcome.exitCode}, which is not a 32-bit integer.`;
           const moved = await move(tx, inv, from, {
             status: ok ? 'completed' : 'failed',
-            exitCode: outcome.exitCode,
-            durationMs: Math.round(outcome.durationMs),
+            exitCode: valid ? outcome.exitCode : null,
+            durationMs: storableMs(outcome.durationMs),
             stdout: out.text,
             stderr: err.text,
             outputTruncated: outcome.truncated || out.cut || err.cut ? 1 : 0,
-            errorCode: ok ? null : 'nonzero_exit',
-            errorMessage: ok ? null : `The tool exited with code ${outcome.exitCode}.`,
+            errorCode: ok ? null : code,
+            errorMessage: ok ? null : message,
             finishedAt: now,
             updatedAt: now,
           });
@@ -389,7 +411,7 @@ export class Directory implements AgentDirectory {
               {
                 invocation_id: inv.externalId,
                 status: 'completed',
-                duration_ms: Math.round(outcome.durationMs),
+                duration_ms: storableMs(outcome.durationMs),
                 exit_code: outcome.exitCode,
                 completed_at: at,
               },
@@ -402,8 +424,8 @@ export class Directory implements AgentDirectory {
               'exec.failed',
               {
                 invocation_id: inv.externalId,
-                error_code: 'nonzero_exit',
-                error_message: `The tool exited with code ${outcome.exitCode}.`,
+                error_code: code,
+                error_message: message,
                 failed_at: at,
               },
               now,
@@ -418,7 +440,7 @@ export class Directory implements AgentDirectory {
           if (moved && outcome.durationMs >= 0) {
             await tx
               .update(I)
-              .set({ durationMs: Math.round(outcome.durationMs) })
+              .set({ durationMs: storableMs(outcome.durationMs) })
               .where(eq(I.id, inv.id));
           }
           return;
@@ -428,7 +450,7 @@ export class Directory implements AgentDirectory {
             status: 'failed',
             errorCode: 'timeout',
             errorMessage: `The invocation exceeded its timeout_ms (${inv.timeoutMs}).`,
-            durationMs: Math.round(outcome.elapsedMs),
+            durationMs: storableMs(outcome.elapsedMs),
             finishedAt: now,
             updatedAt: now,
           });
@@ -440,7 +462,7 @@ export class Directory implements AgentDirectory {
               {
                 invocation_id: inv.externalId,
                 timeout_ms: inv.timeoutMs,
-                elapsed_ms: Math.round(outcome.elapsedMs),
+                elapsed_ms: storableMs(outcome.elapsedMs),
                 timed_out_at: at,
               },
               now,

@@ -36,7 +36,9 @@ const z85Key = z.string().length(40);
 const outcome = z.discriminatedUnion('kind', [
   z.object({
     kind: z.literal('exited'),
-    exit_code: z.number().int(),
+    // Any number: the control plane fails an invocation whose exit code is no 32-bit
+    // integer (`invalid_exit_code`); refused here, the RESULT would be lost.
+    exit_code: z.number(),
     duration_ms: z.number().int().nonnegative(),
     stdout: z.string(),
     stderr: z.string(),
