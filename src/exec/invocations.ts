@@ -152,6 +152,7 @@ export class Invocations {
     const bad = checkArguments(chosen.manifestHash, chosen.spec, body.arguments);
     if (bad) throw new ServiceError('invalid_body', { message: bad.message, param: bad.param });
     const destructive = chosen.spec.risk === 'destructive';
+    const surface = opts.mcp ? 'mcp' : 'http';
     const t = this.ctx.transport();
     // This instance dispatches to agents connected to its own broker. An instance
     // without a broker (`--roles` without `broker`) stores the invocation queued
@@ -160,7 +161,11 @@ export class Invocations {
     const target =
       destructive || !t
         ? chosen
-        : candidates.find((c) => mayRun(c, chosen.spec.risk, body.arguments) && connected(t, c));
+        : candidates.find(
+            (c) =>
+              mayRun(c, { risk: chosen.spec.risk, arguments: body.arguments, surface }) &&
+              connected(t, c),
+          );
     if (!target) throw unavailable(`No agent offering '${body.tool}' is connected.`);
     const chain = destructive ? await this.approvals().chain(projectId) : [];
     const now = new Date(this.ctx.clock.now());
@@ -185,6 +190,7 @@ export class Invocations {
           risk: chosen.spec.risk,
           agentId: target.agentId,
           arguments: body.arguments,
+          surface,
           status: destructive ? 'pending_approval' : 'queued',
           idempotencyKey: idempotencyKey ?? null,
           requestHash,
@@ -342,8 +348,9 @@ export class Invocations {
       connected(t, c),
     );
     // Another agent may take it, but only one whose declaration of the tool needs no
-    // approval this invocation lacks, and whose own schema accepts its arguments.
-    const candidates = offering.filter((c) => mayRun(c, inv.risk, inv.arguments));
+    // approval this invocation lacks, whose own schema accepts its arguments and, for
+    // one made over MCP, that makes the tool MCP-visible.
+    const candidates = offering.filter((c) => mayRun(c, inv));
     const agent = candidates.find((c) => c.agentId === inv.agentId) ?? candidates[0];
     if (agent) await this.dispatch(inv, agent);
     return offering.length > 0;
@@ -571,14 +578,16 @@ function nestedDeeperThan(value: unknown, max: number): boolean {
 }
 
 /**
- * May agent `c` run an invocation created with `risk` and these arguments? Its own
- * declaration of the tool must not need an approval the invocation did not get
- * (`destructive` where it was created lower), and its own schema must accept the
- * arguments: agents of one project may declare a tool of the same name differently.
+ * May agent `c` run an invocation created with `risk` and these arguments, on this
+ * surface? Its own declaration of the tool must not need an approval the invocation
+ * did not get (`destructive` where it was created lower), must be `mcp_visible` for
+ * one created over MCP, and its own schema must accept the arguments: agents of one
+ * project may declare a tool of the same name differently.
  */
-function mayRun(c: Candidate, risk: string, args: unknown): boolean {
-  if (c.spec.risk === 'destructive' && risk !== 'destructive') return false;
-  return checkArguments(c.manifestHash, c.spec, args) === null;
+function mayRun(c: Candidate, inv: { risk: string; arguments: unknown; surface: string }): boolean {
+  if (c.spec.risk === 'destructive' && inv.risk !== 'destructive') return false;
+  if (inv.surface === 'mcp' && !c.spec.mcp_visible) return false;
+  return checkArguments(c.manifestHash, c.spec, inv.arguments) === null;
 }
 
 /** Connected to this broker over a session of the agent's current key. */

@@ -630,6 +630,11 @@ export const invocations = pgTable(
     /** The agent chosen at creation; the one dispatched to. */
     agentId: uuid('agent_id').references(() => agents.id),
     arguments: jsonb('arguments').notNull(),
+    /**
+     * `http` or `mcp`: the surface it was created on. An `mcp` one runs only on an
+     * agent whose own declaration of the tool is `mcp_visible`, whenever it is dispatched.
+     */
+    surface: text('surface').notNull().default('http'),
     status: text('status').notNull(),
     idempotencyKey: text('idempotency_key'),
     /** SHA-256 hex of the canonical JSON of the request body. */

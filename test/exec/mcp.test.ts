@@ -341,6 +341,73 @@ describe('MCP server (fake transport)', () => {
     assert.ok(!t.dispatched.some((d) => d.agentId === hidden.agentId));
   });
 
+  it('an MCP invocation dispatched later (after its approval) still runs only on an agent that makes the tool MCP-visible', async () => {
+    const hidden = await enrollAgent(s, p, {
+      name: 'later-hidden',
+      tools: [tool('wipe', { risk: 'destructive', mcp_visible: false })],
+      transport: t,
+    });
+    s.clock.advance(1000);
+    const visible = await enrollAgent(s, p, {
+      name: 'later-visible',
+      tools: [tool('wipe', { risk: 'destructive', mcp_visible: true })],
+      transport: t,
+    });
+    t.hang.add('wipe');
+    const u = await s.admin('POST', '/users', {
+      name: 'mcp-owner',
+      email: 'mcp-owner@example.com',
+    });
+    assert.equal(u.status, 201, u.text);
+    const m = await s.admin('POST', `/projects/${p.slug}/members`, {
+      user_id: u.body.id,
+      role: 'owner',
+    });
+    assert.equal(m.status, 201, m.text);
+    const approve = (id: string) =>
+      http('POST', `${s.url}/${p.projectId}/v1/exec/approvals/${id}/approve`, {
+        auth: `Bearer ${String(u.body.token)}`,
+        body: {},
+      });
+
+    const r = await call(client, 'wipe', { path: '/mcp' });
+    assert.equal(r.structuredContent!.status, 'pending_approval', JSON.stringify(r));
+    const id = String(r.structuredContent!.id);
+    // Meanwhile the MCP-visible agent's session is gone; the hiding one is connected.
+    t.connected.delete(visible.agentId);
+    const ok = await approve(String(r.structuredContent!.approval_id));
+    assert.equal(ok.status, 200, ok.text);
+    await s.services.exec.tick();
+    const got = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, { key: p.exec });
+    assert.equal(got.body.status, 'queued', 'waits for an agent that may run it over MCP');
+    assert.ok(!t.dispatched.some((d) => d.req.invocationId === id), 'never on the hiding agent');
+    assert.ok(!t.dispatched.some((d) => d.agentId === hidden.agentId));
+
+    // Back: the next tick dispatches it there.
+    t.connected.add(visible.agentId);
+    await s.services.exec.tick();
+    const sent = t.dispatched.find((d) => d.req.invocationId === id);
+    assert.equal(sent?.agentId, visible.agentId);
+    await s.call('POST', `/${p.projectId}/v1/exec/invocations/${id}/cancel`, { key: p.exec });
+
+    // The same tool through the HTTP surface may still run on the hiding agent.
+    t.connected.delete(visible.agentId);
+    const h = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
+      key: p.exec,
+      body: { tool: 'wipe', arguments: { path: '/http' }, workspace_id: await workspaceId() },
+    });
+    assert.equal(h.status, 201, h.text);
+    assert.equal((await approve(String(h.body.approval_id))).status, 200);
+    assert.equal(
+      t.dispatched.find((d) => d.req.invocationId === h.body.id)?.agentId,
+      hidden.agentId,
+    );
+    await s.call('POST', `/${p.projectId}/v1/exec/invocations/${String(h.body.id)}/cancel`, {
+      key: p.exec,
+    });
+    t.connected.add(visible.agentId);
+  });
+
   async function workspaceId(): Promise<string> {
     const w = await s.call('POST', `/${p.projectId}/v1/exec/workspaces`, {
       key: p.exec,
