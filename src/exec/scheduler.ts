@@ -20,7 +20,11 @@
  *    dispatch (cancel, force-fail, backstop, agent deleted) is told to its agent
  *    by the instance whose broker holds the agent's session. The instance that
  *    ended it sends the CANCEL itself when it can; this step delivers those it
- *    could not (an API-only instance, another broker), once per instance.
+ *    could not (an API-only instance, another broker), once per instance. An
+ *    invocation failed because its agent's lease ran out (`agent_offline`) had nobody
+ *    to tell: its agent may have been alive, cut off (a network blip), and still run
+ *    the tool; when it is back (connected here) within the invocation's `timeout_ms`
+ *    plus grace of its dispatch, it gets the CANCEL then.
  *
  * Every pass starts with a select per step, and on an idle router they all find
  * nothing, every second, forever. They are prepared once (`sql.placeholder('now')`,
@@ -34,6 +38,7 @@ import { tables } from '../store/index.js';
 import type { Approvals } from './approvals.js';
 import { emit, IN_FLIGHT, type ExecContext } from './context.js';
 import type { Invocations } from './invocations.js';
+import { MAX_TIMEOUT_MS } from './manifest.js';
 import { fail, move } from './transitions.js';
 
 const { agents: A, invocations: I } = tables;
@@ -77,6 +82,27 @@ function dueQueries(ctx: ExecContext) {
           sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
           gt(I.finishedAt, sql.placeholder('since')),
           lte(I.finishedAt, sql.placeholder('now')),
+        ),
+      )
+      .orderBy(I.finishedAt)
+      .limit(ENDED_BATCH)
+      .prepare(''),
+    // Failed with their agent's lease, maybe still running there: until the agent's own
+    // timeout has killed them (the backstop's window), on the same partial index.
+    offline: ctx.db
+      .select({ invocationId: I.externalId, agentId: A.externalId, agentKey: A.curvePublicKey })
+      .from(I)
+      .innerJoin(A, eq(A.id, I.agentId))
+      .where(
+        and(
+          sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
+          gt(
+            I.finishedAt,
+            sql`${sql.placeholder('now')}::timestamptz - ${MAX_TIMEOUT_MS + grace} * interval '1 millisecond'`,
+          ),
+          eq(I.errorCode, 'agent_offline'),
+          eq(A.status, 'enrolled'),
+          sql`${I.dispatchedAt} + (${I.timeoutMs} + ${grace}) * interval '1 millisecond' > ${sql.placeholder('now')}`,
         ),
       )
       .orderBy(I.finishedAt)
@@ -162,8 +188,9 @@ export class Scheduler {
     this.cancelsCheckedAt = nowMs;
     if (!t) return 0;
     const ended = await this.due.ended.execute({ since: new Date(since), now: new Date(nowMs) });
+    const offline = await this.due.offline.execute({ now: new Date(nowMs) });
     let n = 0;
-    for (const e of ended) {
+    for (const e of [...ended, ...offline]) {
       if (this.invocations.cancelsSent.has(e.invocationId)) continue;
       if (!t.isConnected(e.agentId, e.agentKey)) continue;
       await this.invocations.sendCancel(t, e.agentId, e.invocationId);

@@ -394,6 +394,66 @@ for (const driver of drivers()) {
       assert.equal(await x().renew('agt_0000'), null);
     });
 
+    it('an agent back after its lease expired is told to kill what it still runs; its late answer changes nothing', async () => {
+      const a = await enrollAgent(s, p, { name: 'blip', tools: [tool('blip.run')], transport: t });
+      const r = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
+        key: p.exec,
+        body: {
+          tool: 'blip.run',
+          arguments: { path: '/' },
+          workspace_id: await workspace(s, p),
+          timeout_ms: 600_000,
+        },
+      });
+      assert.equal(r.status, 201, r.text);
+      const id = String(r.body.id);
+      await x().started(id, a.agentId);
+      // A network blip: the session is gone, the agent (and its tool) still runs.
+      t.connected.delete(a.agentId);
+      s.clock.advance(30_001);
+      await x().tick();
+      const failed = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, {
+        key: p.exec,
+      });
+      assert.equal((failed.body.error as Record<string, unknown>).code, 'agent_offline');
+      for (let i = 0; i < 5; i++) {
+        s.clock.advance(1_000);
+        await x().tick();
+      }
+      assert.ok(!t.cancelled.some((c) => c.invocationId === id), 'nobody to tell yet');
+      // Back a minute later: the next pass sends the CANCEL, once.
+      s.clock.advance(60_000);
+      await x().renew(a.agentId);
+      t.connected.add(a.agentId);
+      await x().tick();
+      await x().tick();
+      assert.deepEqual(
+        t.cancelled.filter((c) => c.invocationId === id),
+        [{ agentId: a.agentId, invocationId: id }],
+      );
+      // The tool's late answer does not rewrite the record.
+      await x().finished(id, a.agentId, {
+        kind: 'exited',
+        exitCode: 0,
+        durationMs: 90_000,
+        stdout: 'late',
+        stderr: '',
+        truncated: false,
+      });
+      const after = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, {
+        key: p.exec,
+      });
+      assert.equal(after.body.status, 'failed');
+      assert.equal((after.body.error as Record<string, unknown>).code, 'agent_offline');
+      assert.equal(after.body.exit_code, null);
+      assert.equal(after.body.stdout, null);
+      assert.ok(
+        !(await events(s, p.projectUuid, 'exec.completed')).some(
+          (e) => e.data.invocation_id === id,
+        ),
+      );
+    });
+
     it('an idle agent whose lease expires: one exec.agent_offline with an empty invocation_id', async () => {
       const a = await enrollAgent(s, p, { name: 'idler', tools: [tool('idle.run')], transport: t });
       s.clock.advance(30_001);
