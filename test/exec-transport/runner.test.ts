@@ -132,7 +132,14 @@ describe('tool runner', () => {
     const pidFile = join(tmp.dir, 'bg-stubborn-pid');
     const started = Date.now();
     const o = await runTool(
-      { command: sh(`(trap '' TERM; exec sleep 30) & echo $! > "${pidFile}"; exit 0`) },
+      // The child writes its pid once it ignores SIGTERM, and the tool exits only then:
+      // a SIGTERM sent before the child's `trap` ran would end it at once.
+      {
+        command: sh(
+          `sh -c 'trap "" TERM; echo $$ > "$0"; exec sleep 30' "${pidFile}" & ` +
+            `while [ ! -s "${pidFile}" ]; do sleep 0.01; done; exit 0`,
+        ),
+      },
       // A grace longer than the wait for the pipes the child holds (200 ms).
       { ...base, killGraceMs: 800 },
     ).outcome;
