@@ -8,8 +8,9 @@
  * Create checks everything a client can get wrong at once (400 with `param`): the
  * body; the input file is the project's (404 `file_not_found`, `param`
  * `input_file_id`), has purpose `batch`, and every line is a request to the
- * batch's `endpoint` (files/jsonl.ts). Then, in one transaction, the batch row
- * (`validating`) and one `batch_requests` row per line are written; the runner
+ * batch's `endpoint` (files/jsonl.ts). Then, in one transaction that holds the
+ * file (a concurrent delete waits for it, or wins and the create is a 404), the batch
+ * row (`validating`) and one `batch_requests` row per line are written; the runner
  * (runner.ts) takes it from there. A batch runs on the endpoint of the path it was
  * created on, as the key that created it.
  *
@@ -38,6 +39,7 @@ import { tables } from '../store/index.js';
 
 const B = tables.batches;
 const R = tables.batchRequests;
+const F = tables.files;
 
 export const COMPLETION_WINDOW_MS = 24 * 60 * 60 * 1000;
 const INSERT_GROUP = 500;
@@ -119,6 +121,19 @@ export class BatchService {
     const now = this.clock.now();
     const id = `batch_${randomBytes(12).toString('hex')}`;
     const row = await this.db.transaction(async (tx) => {
+      // The file, held until the batch is written: a delete meanwhile waits, and one
+      // that won the race is a 404 here, not a batch of the lines read before it.
+      const [held] = await tx
+        .select({ id: F.id })
+        .from(F)
+        .where(and(eq(F.id, file.id), eq(F.status, 'processed')))
+        .for('share');
+      if (!held) {
+        throw new ServiceError('file_not_found', {
+          message: `No such file: '${body.input_file_id}'.`,
+          param: 'input_file_id',
+        });
+      }
       await tx.insert(B).values({
         id,
         projectId: key.projectId,

@@ -7,7 +7,9 @@
  * other projects cannot see a batch.
  */
 import assert from 'node:assert/strict';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
+import { eq, sql } from 'drizzle-orm';
 import OpenAI from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { tables } from '../../src/store/index.js';
@@ -363,5 +365,84 @@ describe('batches with the OpenAI SDK', () => {
     );
     assert.equal(err.status, 404);
     await f.client.batches.cancel(batch.id);
+  });
+});
+
+describe('batch create on PostgreSQL', { skip: !process.env.TEST_DATABASE_URL }, () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ driver: 'postgres' });
+  });
+  after(() => f.close());
+  beforeEach(() => f.server.clock.advance(61_000));
+
+  /** Real time: until a statement starting with `prefix` waits for a lock. */
+  const waitingOnLock = async (prefix: string) => {
+    const db = f.server.services.store.db;
+    const rows = await db.execute(
+      sql`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query like ${`${prefix}%`}`,
+    );
+    return (rows as unknown as { rows: unknown[] }).rows.length > 0;
+  };
+
+  it('a file deleted while the batch is created: the batch gets every line or none', async () => {
+    const db = f.server.services.store.db;
+    // Lines of exactly 1 KiB: the first 1 MiB chunk of the file ends at a line's end.
+    const line = (i: number) => {
+      const l = chatLine(`r-${i}`, { messages: [{ role: 'user', content: '' }] });
+      const pad = 1023 - Buffer.byteLength(l);
+      return chatLine(`r-${i}`, { messages: [{ role: 'user', content: 'x'.repeat(pad) }] });
+    };
+    const lines = Array.from({ length: 2048 }, (_, i) => line(i));
+    assert.ok(lines.every((l) => Buffer.byteLength(l) === 1023));
+    const inputFileId = await uploadBatchInput(f, lines);
+    // Another connection holds batch_requests: the create stops at its first insert,
+    // after it read the first chunk, until the file was deleted.
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => (locked = r));
+    const lock = db.transaction(async (tx) => {
+      await tx.execute(sql`lock table batch_requests in exclusive mode`);
+      locked();
+      await held;
+    });
+    await isLocked;
+    const create = f.client.batches
+      .create({
+        input_file_id: inputFileId,
+        endpoint: '/v1/chat/completions',
+        completion_window: '24h',
+      })
+      .then(
+        (b) => ({ ok: true as const, b }),
+        (err: unknown) => ({ ok: false as const, err }),
+      );
+    while (!(await waitingOnLock('insert into "batch_requests"'))) await sleep(10);
+    let deleted = false;
+    const del = f.client.files.delete(inputFileId).then((r) => {
+      deleted = true;
+      return r;
+    });
+    // The delete either goes through now or waits for the create.
+    while (!deleted && !(await waitingOnLock('delete from "files"'))) await sleep(10);
+    release();
+    await lock;
+    const created = await create;
+    assert.equal((await del).deleted, true);
+    if (created.ok) {
+      assert.equal(created.b.request_counts?.total, 2048);
+      const rows = await db
+        .select({ idx: tables.batchRequests.idx })
+        .from(tables.batchRequests)
+        .where(eq(tables.batchRequests.batchId, created.b.id));
+      assert.equal(rows.length, 2048);
+      await f.client.batches.cancel(created.b.id);
+    } else {
+      const err = created.err as InstanceType<typeof OpenAI.APIError>;
+      assert.ok(err instanceof OpenAI.APIError, String(err));
+      assert.equal(err.status, 404);
+      assert.equal(err.code, 'file_not_found');
+    }
   });
 });
