@@ -42,7 +42,9 @@ const R = tables.batchRequests;
 const F = tables.files;
 
 export const COMPLETION_WINDOW_MS = 24 * 60 * 60 * 1000;
+/** Input lines are written in inserts of at most 500, flushed early at 4 MiB of bodies. */
 const INSERT_GROUP = 500;
+const INSERT_BYTES = 4 * 1024 * 1024;
 export const ACTIVE_STATUSES = ['validating', 'in_progress', 'finalizing', 'cancelling'] as const;
 
 export type BatchRow = typeof B.$inferSelect;
@@ -150,6 +152,7 @@ export class BatchService {
       });
       const checker = new BatchLineChecker('input_file_id', this.maxBodyBytes);
       let group: (typeof R.$inferInsert)[] = [];
+      let groupBytes = 0;
       let idx = 0;
       const splitter = new LineSplitter((text, lineNo) => {
         const line = checker.check(text, lineNo);
@@ -160,20 +163,20 @@ export class BatchService {
             param: 'input_file_id',
           });
         }
-        group.push({
-          batchId: id,
-          idx: idx++,
-          customId: line.customId,
-          body: JSON.stringify(line.body),
-        });
+        const requestBody = JSON.stringify(line.body);
+        group.push({ batchId: id, idx: idx++, customId: line.customId, body: requestBody });
+        groupBytes += Buffer.byteLength(requestBody);
       }, checker.maxLineBytes);
       const flush = async () => {
         if (group.length) await tx.insert(R).values(group);
         group = [];
+        groupBytes = 0;
       };
       for await (const chunk of readChunks(tx, file.id)) {
         splitter.push(chunk);
-        if (group.length >= INSERT_GROUP) await flush();
+        // By bytes too: 500 lines of up to the body limit each would be one insert
+        // (and one statement's worth of memory) of the whole file.
+        if (group.length >= INSERT_GROUP || groupBytes >= INSERT_BYTES) await flush();
       }
       splitter.end();
       checker.finish();

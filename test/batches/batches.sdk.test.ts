@@ -328,6 +328,59 @@ describe('batches with the OpenAI SDK', () => {
     assert.equal((await side.files.retrieve(inputFileId)).id, inputFileId);
   });
 
+  it('writes the input lines in inserts of a few MiB, not 500 lines of any size', async () => {
+    const db = f.server.services.store.db;
+    // Each insert into batch_requests the create makes, in bytes of request bodies.
+    const inserts: number[] = [];
+    const original = db.transaction.bind(db);
+    const spy: typeof db.transaction = (fn, config) =>
+      original(
+        (tx) =>
+          fn(
+            new Proxy(tx, {
+              get(t, p) {
+                const v: unknown = Reflect.get(t, p, t);
+                if (p !== 'insert') return typeof v === 'function' ? v.bind(t) : v;
+                return (table: Parameters<typeof t.insert>[0]) => {
+                  const b = t.insert(table);
+                  if (table !== tables.batchRequests) return b;
+                  return {
+                    values: (rows: { body: string }[]) => {
+                      inserts.push(rows.reduce((n, r) => n + Buffer.byteLength(r.body), 0));
+                      return b.values(rows);
+                    },
+                  };
+                };
+              },
+            }),
+          ),
+        config,
+      );
+    db.transaction = spy;
+    try {
+      // 520 requests of 14 KiB: 7 MiB, nearly all of it in the first 500-line group.
+      const big = 'y'.repeat(14 * 1024);
+      const inputFileId = await uploadBatchInput(
+        f,
+        Array.from({ length: 520 }, (_, i) =>
+          chatLine(`big-${i}`, { messages: [{ role: 'user', content: big }] }),
+        ),
+      );
+      const batch = await f.client.batches.create({
+        input_file_id: inputFileId,
+        endpoint: '/v1/chat/completions',
+        completion_window: '24h',
+      });
+      assert.equal(batch.request_counts?.total, 520);
+      await f.client.batches.cancel(batch.id);
+    } finally {
+      Reflect.deleteProperty(db, 'transaction');
+    }
+    assert.ok(inserts.length > 1, JSON.stringify(inserts));
+    // 4 MiB, and what the last 1 MiB chunk read added.
+    for (const n of inserts) assert.ok(n <= 5.5 * 1024 * 1024, JSON.stringify(inserts));
+  });
+
   it('keeps batches to their project', async () => {
     const inputFileId = await uploadBatchInput(f, [chatLine('p1')]);
     const batch = await f.client.batches.create({
