@@ -13,7 +13,8 @@
  * declared `bytes`; a `batch` file must be valid batch input; `md5`, when given, must
  * match), then in one transaction claims the upload (`pending` → `completed`, so two
  * completions cannot both win), creates the file and hands the parts' chunks to it
- * (renumbered in `part_ids` order, not copied). Parts not named are dropped.
+ * (renumbered in `part_ids` order, not copied). Parts not named are dropped, with
+ * those still streaming (a part is recorded before its bytes, see `addPart`).
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { and, eq, inArray, sql } from 'drizzle-orm';
@@ -143,7 +144,11 @@ export class UploadService {
     return row;
   }
 
-  /** Stores one part from `data` (refused past the part limit). */
+  /**
+   * Stores one part from `data` (refused past the part limit). The part is recorded
+   * (`streaming`) before its first byte, so whatever ends the upload drops its bytes
+   * even when this process dies mid-stream; it is `stored`, and counted, once whole.
+   */
   async addPart(
     projectId: string,
     uploadId: string,
@@ -156,7 +161,13 @@ export class UploadService {
     // Parts not named at completion are allowed (OpenAI's rule), so the parts may
     // hold more than the declared size, but never more than the largest file.
     const stored = await this.partBytes(uploadId);
-    let inserted = false;
+    const started = new Date(this.clock.now());
+    await this.db.transaction(async (tx) => {
+      await stillPending(tx, uploadId, started);
+      await tx
+        .insert(P)
+        .values({ id, uploadId, bytes: 0, status: 'streaming', createdAt: started });
+    });
     try {
       for await (const buf of data) {
         if (writer.bytes + buf.length > maxPartBytes) throw partTooLarge(maxPartBytes);
@@ -166,28 +177,24 @@ export class UploadService {
       await writer.end();
       const now = new Date(this.clock.now());
       await this.db.transaction(async (tx) => {
-        // Cancelled, completed or expired while the part streamed: the part is refused
-        // (a part kept now would belong to no pending upload and never be dropped).
-        const [u] = await tx
-          .select({ status: U.status, expiresAt: U.expiresAt })
-          .from(U)
-          .where(eq(U.id, uploadId))
-          .for('update');
-        const status = u && u.expiresAt <= now && u.status === 'pending' ? 'expired' : u?.status;
-        if (status !== 'pending') {
-          throw new ServiceError('invalid_state', {
-            message: `The upload is ${status}; only a pending upload takes parts or completes.`,
-          });
-        }
-        await tx.insert(P).values({ id, uploadId, bytes: writer.bytes, createdAt: now });
+        // Cancelled, completed or expired while the part streamed (its row and chunks
+        // may be gone): the part is refused.
+        await stillPending(tx, uploadId, now);
+        const [row] = await tx
+          .update(P)
+          .set({ bytes: writer.bytes, status: 'stored', createdAt: now })
+          .where(eq(P.id, id))
+          .returning({ id: P.id });
+        if (!row) throw new ServiceError('invalid_state', { message: 'The part was dropped.' });
       });
-      inserted = true;
       // Parts streamed side by side each saw the others' bytes missing: count again.
       if ((await this.partBytes(uploadId)) > maxFileBytes) throw partsTooLarge(maxFileBytes);
       return { id, object: 'upload.part', created_at: seconds(now), upload_id: uploadId };
     } catch (err) {
-      if (inserted) await this.db.delete(P).where(eq(P.id, id));
-      await deleteChunks(this.db, id);
+      await this.db.transaction(async (tx) => {
+        await deleteChunks(tx, id);
+        await tx.delete(P).where(eq(P.id, id));
+      });
       throw err;
     }
   }
@@ -196,7 +203,7 @@ export class UploadService {
     const [row] = await this.db
       .select({ n: sql<string | number | null>`sum(${P.bytes})` })
       .from(P)
-      .where(eq(P.uploadId, uploadId));
+      .where(and(eq(P.uploadId, uploadId), eq(P.status, 'stored')));
     return Number(row?.n ?? 0);
   }
 
@@ -213,7 +220,7 @@ export class UploadService {
     const parts = await this.db
       .select({ id: P.id, bytes: P.bytes })
       .from(P)
-      .where(and(eq(P.uploadId, uploadId), inArray(P.id, ids)));
+      .where(and(eq(P.uploadId, uploadId), inArray(P.id, ids), eq(P.status, 'stored')));
     const known = new Set(parts.map((p) => p.id));
     const unknown = ids.find((id) => !known.has(id));
     if (unknown !== undefined) {
@@ -345,6 +352,21 @@ export class UploadService {
 }
 
 type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
+
+/** Locks the upload (a cancel, completion or expiry waits) and refuses it unless pending at `now`. */
+async function stillPending(tx: Tx, uploadId: string, now: Date): Promise<void> {
+  const [u] = await tx
+    .select({ status: U.status, expiresAt: U.expiresAt })
+    .from(U)
+    .where(eq(U.id, uploadId))
+    .for('update');
+  const status = u && u.expiresAt <= now && u.status === 'pending' ? 'expired' : u?.status;
+  if (status !== 'pending') {
+    throw new ServiceError('invalid_state', {
+      message: `The upload is ${status}; only a pending upload takes parts or completes.`,
+    });
+  }
+}
 
 async function dropParts(tx: Tx, uploadId: string): Promise<void> {
   const parts = await tx.select({ id: P.id }).from(P).where(eq(P.uploadId, uploadId));

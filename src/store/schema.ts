@@ -838,9 +838,18 @@ export const uploadParts = pgTable(
       .notNull()
       .references(() => uploads.id, { onDelete: 'cascade' }),
     bytes: bigint('bytes', { mode: 'number' }).notNull(),
+    /**
+     * `streaming` while its bytes arrive (recorded before them, so that the upload's
+     * cancel, expiry or completion drops them even when the router died meanwhile),
+     * then `stored`; only a stored part is counted or assembled.
+     */
+    status: text('status').notNull().default('stored'),
     createdAt: createdAt(),
   },
-  (t) => [index('upload_parts_upload_idx').on(t.uploadId)],
+  (t) => [
+    index('upload_parts_upload_idx').on(t.uploadId),
+    check('upload_parts_status_check', sql`${t.status} in ('streaming', 'stored')`),
+  ],
 );
 
 /**

@@ -290,3 +290,68 @@ describe('a part still streaming when its upload is cancelled', () => {
     assert.deepEqual(await chunkOwners(), before);
   });
 });
+
+describe('a part whose client goes away mid-body', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture();
+  });
+  after(() => f.close());
+
+  it('leaves no part and no bytes, and the upload completes from other parts', async () => {
+    const upload = await f.client.uploads.create({
+      filename: 'gone.bin',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'application/octet-stream',
+    });
+    const db = f.server.services.store.db;
+    const chunkOwners = async () =>
+      (await db.select({ owner: tables.blobChunks.owner }).from(tables.blobChunks))
+        .map((c) => c.owner)
+        .filter((o) => o.startsWith('part_'));
+    const before = await chunkOwners();
+    const head =
+      '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
+      'Content-Type: application/octet-stream\r\n\r\n';
+    // The part's first MiB reaches the database; then the client aborts.
+    const body = new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(Buffer.from(head));
+        c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
+      },
+    });
+    const ac = new AbortController();
+    const res = fetch(`${f.baseURL}/uploads/${upload.id}/parts`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${f.key}`,
+        'content-type': 'multipart/form-data; boundary=zz',
+      },
+      body,
+      duplex: 'half',
+      signal: ac.signal,
+    } as RequestInit);
+    for (let i = 0; i < 500 && (await chunkOwners()).length === before.length; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.notDeepEqual(await chunkOwners(), before);
+    ac.abort();
+    await res.catch(() => null);
+    // Real time, reading the database: the router drops what it stored of the part.
+    for (let i = 0; i < 500 && (await chunkOwners()).length !== before.length; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.deepEqual(await chunkOwners(), before);
+    const parts = await db.select().from(tables.uploadParts);
+    assert.deepEqual(
+      parts.filter((x) => x.uploadId === upload.id),
+      [],
+    );
+    const p = await f.client.uploads.parts.create(upload.id, {
+      data: new File([Buffer.from('abc')], 'part'),
+    });
+    const done = await f.client.uploads.complete(upload.id, { part_ids: [p.id] });
+    assert.equal(done.file?.bytes, 3);
+  });
+});
