@@ -60,6 +60,7 @@ import {
   clampHeader,
   clampMaxTokens,
   estimatePromptTokens,
+  estimateTextTokens,
   parseTokenCountError,
   promptTooLong,
 } from './clamp.js';
@@ -244,13 +245,17 @@ export class ChatCompletions {
     });
     // What the request may cost at most holds the project's credit until it ends
     // (billing/gate.ts): requests admitted meanwhile, queued ones included, see it spent.
+    // Rejected prediction tokens are billed on top of the output (record), up to the
+    // whole prediction per choice.
     const priced = endpoint.promptPriceCentsPerMtok > 0 || endpoint.completionPriceCentsPerMtok > 0;
+    const predictionTokens =
+      req.predictionText === undefined ? 0 : estimateTextTokens(req.predictionText);
     const release = await d.billing.check(
       key.projectId,
       priced,
       priced
         ? costMicrocents(
-            { promptTokens, completionTokens: clamp.value * (req.n ?? 1) },
+            { promptTokens, completionTokens: (clamp.value + predictionTokens) * (req.n ?? 1) },
             endpoint,
             tier.priceMultiplier * (req.serviceTier === 'priority' ? PRIORITY_MULTIPLIER : 1),
           )

@@ -98,6 +98,11 @@ export function estimatePromptTokens(
   return tokens + Math.ceil(chars / CHARS_PER_TOKEN);
 }
 
+/** Estimated tokens of a plain text (a `prediction`, say), rounded up. */
+export function estimateTextTokens(text: string): number {
+  return Math.ceil(weightedLength(text) / CHARS_PER_TOKEN);
+}
+
 /**
  * Length in "ASCII-equivalent" characters: scripts that tokenize more densely count more,
  * so dividing by CHARS_PER_TOKEN stays an overestimate for them too.

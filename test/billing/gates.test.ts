@@ -134,6 +134,60 @@ describe('billing gate: requests in flight hold credit', () => {
   });
 });
 
+describe('billing gate: a prediction is held too', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    // 0.1 cent per token and 5 cents of credit; each token takes 1 s of the fake clock.
+    f = await inferenceFixture({
+      prices: [100_000, 100_000],
+      creditCents: 5,
+      simOnFakeClock: true,
+      sim: { tpotMs: 1_000 },
+    });
+  });
+  after(() => f.close());
+
+  it('a request with a long prediction holds what its rejected prediction tokens may cost', async () => {
+    // Rejected prediction tokens are billed (spec, Usage): with three output tokens,
+    // some 60 of these are, 6 cents, more than the credit; max_tokens alone held about 2.
+    // Streamed, it resolves with its first token and waits for the next on the fake clock.
+    const prediction = Array.from({ length: 30 }, (_, i) => `word${i} next`).join(' ');
+    const long = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'Rewrite it.' }],
+      prediction: { type: 'content', content: prediction },
+      max_tokens: 3,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    const it = long[Symbol.asyncIterator]();
+    // Admitted, it would wait for the fake clock: bounded so that a regression fails.
+    const refused = await f.client.chat.completions
+      .create(
+        { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 },
+        { signal: AbortSignal.timeout(5_000) },
+      )
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
+    assert.ok(refused instanceof OpenAI.APIError, String(refused));
+    assert.equal(refused.status, 402);
+    const ends = (async () => {
+      let usage: OpenAI.CompletionUsage | null | undefined;
+      for (let r = await it.next(); !r.done; r = await it.next()) usage ??= r.value.usage;
+      return usage;
+    })();
+    for (let i = 0; i < 4; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      f.server.clock.advance(1_000);
+    }
+    const usage = await ends;
+    assert.ok((usage?.completion_tokens_details?.rejected_prediction_tokens ?? 0) >= 50);
+    assert.equal(f.server.services.billing['reserved'].size, 0);
+  });
+});
+
 describe('billing gate: requests waiting in the router queue hold credit too', () => {
   let f: InferenceFixture;
   before(async () => {
