@@ -20,8 +20,8 @@
  * (`max_output_tokens`, `text.format`, `input`). Once a stream has started, a failure
  * is an `error` event and `response.failed`.
  *
- * Stored responses (`store`, default true) keep the Response, its input items and the
- * conversation as chat messages; `previous_response_id` continues from them, only
+ * Stored responses (`store`, default true; a failed one too, `status: "failed"` with its
+ * `error`) keep the Response, its input items and the conversation as chat messages; `previous_response_id` continues from them, only
  * through the endpoint that made them (an unknown one, or another endpoint's, is 404
  * `response_not_found`). A key bound to one endpoint sees only the responses made
  * through it. `response.completed` (also for `incomplete`) and
@@ -399,7 +399,9 @@ class ResponsesApi {
             if (!(err instanceof ServiceError && err.code === 'conversation_not_found')) throw err;
           });
       }
-      if (r.store && status !== 'failed') {
+      // A failed response is kept too (OpenAI's retrieve shows it `failed`, with its
+      // `error`): the id in its `response.failed` event and stream finds it.
+      if (r.store) {
         await tx.insert(responses).values({
           id: String(response.id),
           projectId: key.projectId,

@@ -293,6 +293,14 @@ describe('Responses API: the chat path’s errors and disconnects', () => {
     await until(() => f.worker.stats().aborted >= 1, 'the worker’s request aborted');
     const rows = await f.server.services.store.db.select().from(tables.events);
     assert.ok(rows.some((e) => e.type === 'response.failed'));
+    // Stored as OpenAI keeps it: retrievable, failed, with its error.
+    const stored = await f.client.responses.retrieve((events[3]!.response as { id: string }).id);
+    assert.equal(stored.status, 'failed');
+    assert.equal(stored.error?.code, 'request_timeout');
+    assert.deepEqual(stored, {
+      ...(events[3]!.response as object),
+      output_text: stored.output_text,
+    });
   });
 
   it('a non-streamed request past the tier deadline: 408, and a response.failed event', async () => {
@@ -310,10 +318,16 @@ describe('Responses API: the chat path’s errors and disconnects', () => {
     const failed = rows.filter((e) => e.type === 'response.failed');
     assert.equal(failed.length, 1);
     const { data } = JSON.parse(failed[0]!.body) as {
-      data: { status: string; error: { code: string } };
+      data: { id: string; status: string; error: { code: string } };
     };
     assert.equal(data.status, 'failed');
     assert.equal(data.error.code, 'request_timeout');
+    // The event's response is stored, failed with its error, as OpenAI keeps one.
+    const stored = await f.client.responses.retrieve(data.id);
+    assert.equal(stored.status, 'failed');
+    assert.equal(stored.error?.code, 'request_timeout');
+    assert.equal(typeof stored.error?.message, 'string');
+    assert.deepEqual(stored.output, []);
   });
 
   it('a client that leaves a stream aborts the worker’s generation', async () => {
