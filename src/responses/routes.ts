@@ -1,7 +1,8 @@
 /**
  * OpenAI's Responses API under `/<project_id>/<endpoint_slug>/v1` (scope `inference`):
  * `POST /responses` (JSON, or SSE with `stream: true`), `GET /responses/{id}`,
- * `DELETE /responses/{id}`, `GET /responses/{id}/input_items`.
+ * `DELETE /responses/{id}`, `GET /responses/{id}/input_items` (`GET` with `stream=true`
+ * is 400: OpenAI streams only background responses on retrieve, and there are none).
  *
  * A response is a chat completion underneath. The request becomes a chat body
  * (request.ts), which runs through the chat route in-process (`app.inject`, acting
@@ -429,11 +430,25 @@ class ResponsesApi {
     });
   }
 
-  retrieve = async (request: FastifyRequest<{ Params: Params }>, reply: FastifyReply) => {
+  retrieve = async (
+    request: FastifyRequest<{ Params: Params; Querystring: { stream?: string } }>,
+    reply: FastifyReply,
+  ) => {
     const { key } = await this.access(request, reply);
     const id = request.params.responseId!;
     const row = await this.stored(key, id);
     if (!row) throw this.notFound(id);
+    // OpenAI streams a response on retrieve (`stream`, resumed after `starting_after`)
+    // only while a background one runs; there are none here (`background` is refused),
+    // and the deltas a stream sent are not kept, so no replay could number its events
+    // as they went out: a clear refusal rather than JSON where the SDK expects events.
+    if (request.query.stream === 'true') {
+      throw new ServiceError('unsupported_value', {
+        message:
+          'Only background responses can be streamed on retrieve, and background responses are not supported; retrieve it without stream.',
+        param: 'stream',
+      });
+    }
     return row.body;
   };
 

@@ -191,6 +191,29 @@ describe('Responses API', () => {
     assert.ok(gone instanceof OpenAI.NotFoundError);
   });
 
+  it('retrieve with stream: true is refused, not answered as JSON', async () => {
+    // OpenAI streams a response on retrieve only while a background one runs (resumed
+    // with `starting_after`); this service has no background responses.
+    const r = await f.client.responses.create({ model: 'x', input: 'hi', max_output_tokens: 16 });
+    for (const query of [{ stream: true as const }, { stream: true as const, starting_after: 2 }]) {
+      const err = await f.client.responses.retrieve(r.id, query).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      assert.ok(err instanceof OpenAI.BadRequestError, String(err));
+      assert.equal(err.code, 'unsupported_value');
+      assert.equal(err.param, 'stream');
+    }
+    // Without it, or with stream false, the Response as before.
+    assert.equal((await f.client.responses.retrieve(r.id, { stream: false })).id, r.id);
+    // An unknown one is still not found.
+    const gone = await f.client.responses.retrieve('resp_nope', { stream: true }).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    assert.ok(gone instanceof OpenAI.NotFoundError);
+  });
+
   it('rejects bad requests naming the Responses field', async () => {
     const cases: Array<[Record<string, unknown>, string, string]> = [
       [{}, 'missing_required_parameter', 'input'],
