@@ -84,7 +84,7 @@ export function responseObject(
       name: t.name,
       description: t.description ?? null,
       parameters: t.parameters ?? null,
-      strict: t.strict ?? null,
+      strict: t.strict,
     })),
     top_p: d.top_p ?? null,
     truncation: 'disabled',

@@ -122,16 +122,132 @@ const schema = z.looseObject({
   conversation: z.union([z.string().min(1), z.object({ id: z.string().min(1) })]).nullish(),
 });
 
+/** A function tool, its `strict` decided (see `strictOf`). */
+export type FunctionTool = Omit<z.output<typeof functionTool>, 'strict'> & { strict: boolean };
+
 export interface ResponsesRequest {
   body: z.output<typeof schema>;
   /** The input as items (a string input is one user message). */
   items: InputItem[];
-  tools: Array<z.output<typeof functionTool>>;
+  tools: FunctionTool[];
   stream: boolean;
   store: boolean;
   previousResponseId: string | null;
   /** The conversation the response continues and is added to. */
   conversationId: string | null;
+}
+
+type SchemaNode = Record<string, unknown>;
+
+function isNode(v: unknown): v is SchemaNode {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/**
+ * What OpenAI's strict mode asks of a function's parameters, or why not: the root an
+ * object, every object closed (`additionalProperties: false`) with all its properties
+ * `required`, through `properties`, `items`, `anyOf` and `$defs`.
+ */
+function strictProblem(root: unknown): string | null {
+  if (!isNode(root) || root.type !== 'object') return 'the root must be an object schema';
+  const problem = (n: unknown, at: string): string | null => {
+    if (!isNode(n)) return null;
+    const props = n.properties;
+    const types = Array.isArray(n.type) ? (n.type as unknown[]) : [n.type];
+    if (types.includes('object') || props !== undefined) {
+      if (n.additionalProperties !== false) {
+        return `${at || '/'}: additionalProperties must be false`;
+      }
+      const required = Array.isArray(n.required) ? (n.required as unknown[]) : [];
+      for (const [k, v] of Object.entries(isNode(props) ? props : {})) {
+        if (!required.includes(k)) return `${at || '/'}: '${k}' must be required`;
+        const inner = problem(v, `${at}/properties/${k}`);
+        if (inner !== null) return inner;
+      }
+    }
+    const subs: Array<[unknown, string]> = [[n.items, `${at}/items`]];
+    if (Array.isArray(n.anyOf)) n.anyOf.forEach((v, i) => subs.push([v, `${at}/anyOf/${i}`]));
+    for (const key of ['$defs', 'definitions']) {
+      const defs = n[key];
+      if (isNode(defs))
+        for (const [k, v] of Object.entries(defs)) subs.push([v, `${at}/${key}/${k}`]);
+    }
+    for (const [v, p] of subs) {
+      const inner = problem(v, p);
+      if (inner !== null) return inner;
+    }
+    return null;
+  };
+  return problem(root, '');
+}
+
+/**
+ * Keywords that keep a tool without `strict` from being made strict: what OpenAI's
+ * strict mode refuses (`allOf`, `not`, conditionals…), and value constraints that a
+ * worker's grammar may not enforce in strict mode (`pattern`, `minimum`…), so that the
+ * default never turns a request that works into a refused one.
+ */
+const NOT_STRICT_BY_DEFAULT = new Set([
+  'allOf',
+  'oneOf',
+  'not',
+  'if',
+  'then',
+  'else',
+  'dependentRequired',
+  'dependentSchemas',
+  'patternProperties',
+  'propertyNames',
+  'unevaluatedProperties',
+  'unevaluatedItems',
+  'prefixItems',
+  'contains',
+  'minContains',
+  'maxContains',
+  'uniqueItems',
+  'pattern',
+  'minimum',
+  'maximum',
+  'exclusiveMinimum',
+  'exclusiveMaximum',
+  'multipleOf',
+  'contentEncoding',
+  'contentMediaType',
+]);
+
+/** Keywords whose value maps names to schemas. */
+const NAMED = new Set(['properties', '$defs', 'definitions']);
+
+function hasKeyword(v: unknown, keys: ReadonlySet<string>): boolean {
+  if (Array.isArray(v)) return v.some((x) => hasKeyword(x, keys));
+  if (!isNode(v)) return false;
+  return Object.entries(v).some(
+    // A property or definition named like a keyword is a name, not the keyword.
+    ([k, x]) =>
+      keys.has(k) ||
+      (NAMED.has(k) && isNode(x)
+        ? Object.values(x).some((p) => hasKeyword(p, keys))
+        : hasKeyword(x, keys)),
+  );
+}
+
+/**
+ * A function tool's `strict`. OpenAI's Responses API, unlike chat completions, makes a
+ * tool without it strict when its schema can be, and falls back to non-strict otherwise
+ * (the SDK: "If omitted, Responses attempts to use strict validation when the schema is
+ * compatible, and falls back to non-strict validation otherwise"); `strict: true` on a
+ * schema that cannot be is refused, as OpenAI refuses it.
+ */
+function strictOf(t: z.output<typeof functionTool>, i: number): boolean {
+  const problem = t.parameters == null ? 'no parameters' : strictProblem(t.parameters);
+  if (t.strict === true && problem !== null && t.parameters != null) {
+    throw new ServiceError('invalid_value', {
+      message: `Invalid schema for function '${t.name}' with strict: true: ${problem}.`,
+      param: `tools[${i}].parameters`,
+    });
+  }
+  if (t.strict != null) return t.strict;
+  return problem === null && !hasKeyword(t.parameters, NOT_STRICT_BY_DEFAULT);
 }
 
 function unsupported(param: string, message: string): ServiceError {
@@ -248,7 +364,8 @@ export function parseResponsesRequest(body: unknown): ResponsesRequest {
         `Tools of type '${String(type)}' are not supported; only 'function' tools.`,
       );
     }
-    return parseField(functionTool, t, ['tools', i]);
+    const tool = parseField(functionTool, t, ['tools', i]);
+    return { ...tool, strict: strictOf(tool, i) };
   });
   const items =
     typeof d.input === 'string'
@@ -320,7 +437,7 @@ export function chatBody(r: ResponsesRequest, history: readonly ChatMessage[]): 
         name: t.name,
         ...(t.description != null ? { description: t.description } : {}),
         ...(t.parameters != null ? { parameters: t.parameters } : {}),
-        ...(t.strict != null ? { strict: t.strict } : {}),
+        strict: t.strict,
       },
     }));
   }
