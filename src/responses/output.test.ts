@@ -203,6 +203,29 @@ describe('Responses from chat', () => {
     ]);
   });
 
+  it('text then a refusal are two parts of one message, kept whole when the stream fails', () => {
+    const t = new ResponseStream(shell({ input: 'x' }));
+    t.start();
+    t.chunk(chunk({ content: 'Well' }));
+    const ev = t.chunk(chunk({ refusal: 'No' }));
+    assert.deepEqual(
+      ev.map((e) => [e.type, e.output_index, e.content_index]),
+      [
+        ['response.output_text.done', 0, 0],
+        ['response.content_part.done', 0, 0],
+        ['response.content_part.added', 0, 1],
+        ['response.refusal.delta', 0, 1],
+      ],
+    );
+    const failed = t.fail({ code: 'server_error', message: 'lost' });
+    const item = (failed.response.output as Array<{ status: string; content: unknown }>)[0]!;
+    assert.equal(item.status, 'incomplete');
+    assert.deepEqual(item.content, [
+      { type: 'output_text', text: 'Well', annotations: [], logprobs: [] },
+      { type: 'refusal', refusal: 'No' },
+    ]);
+  });
+
   it('a stream cut by the token limit ends its items incomplete', () => {
     const t = new ResponseStream(shell({ input: 'x' }));
     t.start();

@@ -5,8 +5,10 @@
  *
  *   response.created, response.in_progress,
  *   per output item: response.output_item.added,
- *     message: response.content_part.added, response.output_text.delta…,
- *              response.output_text.done, response.content_part.done
+ *     message, per content part (text and a refusal are two parts of one message,
+ *              content_index 0 and 1): response.content_part.added,
+ *              response.output_text.delta…, response.output_text.done,
+ *              response.content_part.done
  *              (a refusal: response.refusal.delta…, response.refusal.done)
  *     function call: response.function_call_arguments.delta…,
  *              response.function_call_arguments.done
@@ -110,6 +112,10 @@ function textPart(text: string): Json {
   return { type: 'output_text', text, annotations: [], logprobs: [] };
 }
 
+function partOf(p: { kind: 'text' | 'refusal'; text: string }): Json {
+  return p.kind === 'text' ? textPart(p.text) : { type: 'refusal', refusal: p.text };
+}
+
 function callItem(id: string, callId: string, name: string, args: string, status: string): Json {
   return { type: 'function_call', id, call_id: callId, name, arguments: args, status };
 }
@@ -189,8 +195,16 @@ interface OpenCall {
 export class ResponseStream {
   private seq = 0;
   private readonly output: Json[] = [];
-  private msg: { outputIndex: number; id: string; kind: 'text' | 'refusal'; text: string } | null =
-    null;
+  /**
+   * The open message: its closed content parts and the one streaming. Text and a
+   * refusal are two parts of one message, as OpenAI streams them (content_index 0, 1).
+   */
+  private msg: {
+    outputIndex: number;
+    id: string;
+    parts: Json[];
+    part: { kind: 'text' | 'refusal'; text: string } | null;
+  } | null = null;
   private readonly calls = new Map<number, OpenCall>();
   private finish: unknown = null;
   private usage: Json | null = null;
@@ -229,26 +243,24 @@ export class ResponseStream {
 
   private text(kind: 'text' | 'refusal', delta: string): Json[] {
     const out: Json[] = [];
-    if (this.msg && this.msg.kind !== kind) out.push(...this.closeMessage());
     if (!this.msg) {
-      this.msg = { outputIndex: this.output.length, id: newId('msg'), kind, text: '' };
+      this.msg = { outputIndex: this.output.length, id: newId('msg'), parts: [], part: null };
       this.output.push(messageItem(this.msg.id, [], 'in_progress'));
-      const part = kind === 'text' ? textPart('') : { type: 'refusal', refusal: '' };
       out.push(
         this.ev('response.output_item.added', {
           output_index: this.msg.outputIndex,
           item: messageItem(this.msg.id, [], 'in_progress'),
         }),
-        this.ev('response.content_part.added', {
-          item_id: this.msg.id,
-          output_index: this.msg.outputIndex,
-          content_index: 0,
-          part,
-        }),
       );
     }
-    this.msg.text += delta;
-    const where = { item_id: this.msg.id, output_index: this.msg.outputIndex, content_index: 0 };
+    const m = this.msg;
+    if (m.part && m.part.kind !== kind) out.push(...this.closePart());
+    const where = { item_id: m.id, output_index: m.outputIndex, content_index: m.parts.length };
+    if (!m.part) {
+      m.part = { kind, text: '' };
+      out.push(this.ev('response.content_part.added', { ...where, part: partOf(m.part) }));
+    }
+    m.part.text += delta;
     out.push(
       kind === 'text'
         ? this.ev('response.output_text.delta', { ...where, delta, logprobs: [] })
@@ -257,22 +269,33 @@ export class ResponseStream {
     return out;
   }
 
+  /** Closes the open message's streaming part. */
+  private closePart(): Json[] {
+    const m = this.msg;
+    if (!m?.part) return [];
+    const where = { item_id: m.id, output_index: m.outputIndex, content_index: m.parts.length };
+    const { kind, text } = m.part;
+    const part = partOf(m.part);
+    m.parts.push(part);
+    m.part = null;
+    return [
+      kind === 'text'
+        ? this.ev('response.output_text.done', { ...where, text, logprobs: [] })
+        : this.ev('response.refusal.done', { ...where, refusal: text }),
+      this.ev('response.content_part.done', { ...where, part }),
+    ];
+  }
+
   /** Closes the open message; `status` is the item's (`incomplete` when cut short). */
   private closeMessage(status = 'completed'): Json[] {
     const m = this.msg;
     if (!m) return [];
+    const out = this.closePart();
     this.msg = null;
-    const where = { item_id: m.id, output_index: m.outputIndex, content_index: 0 };
-    const part = m.kind === 'text' ? textPart(m.text) : { type: 'refusal', refusal: m.text };
-    const item = messageItem(m.id, [part], status);
+    const item = messageItem(m.id, m.parts, status);
     this.output[m.outputIndex] = item;
-    return [
-      m.kind === 'text'
-        ? this.ev('response.output_text.done', { ...where, text: m.text, logprobs: [] })
-        : this.ev('response.refusal.done', { ...where, refusal: m.text }),
-      this.ev('response.content_part.done', { ...where, part }),
-      this.ev('response.output_item.done', { output_index: m.outputIndex, item }),
-    ];
+    out.push(this.ev('response.output_item.done', { output_index: m.outputIndex, item }));
+    return out;
   }
 
   private toolCall(tc: Json): Json[] {
@@ -351,8 +374,8 @@ export class ResponseStream {
     // What had streamed stays in the failed response, its items `incomplete`.
     const m = this.msg;
     if (m) {
-      const part = m.kind === 'text' ? textPart(m.text) : { type: 'refusal', refusal: m.text };
-      this.output[m.outputIndex] = messageItem(m.id, [part], 'incomplete');
+      const parts = m.part ? [...m.parts, partOf(m.part)] : m.parts;
+      this.output[m.outputIndex] = messageItem(m.id, parts, 'incomplete');
     }
     for (const c of this.calls.values()) {
       this.output[c.outputIndex] = callItem(c.id, c.callId, c.name, c.args, 'incomplete');

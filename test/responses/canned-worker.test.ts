@@ -159,6 +159,68 @@ describe('Responses API: canned worker answers', () => {
     }
   });
 
+  for (const [input, parts] of [
+    [
+      'text then refusal',
+      [
+        { type: 'output_text', text: 'Well, no.' },
+        { type: 'refusal', refusal: "I can't help." },
+      ],
+    ],
+    [
+      'refusal then text',
+      [
+        { type: 'refusal', refusal: 'Sorry.' },
+        { type: 'output_text', text: ' Try again.' },
+      ],
+    ],
+  ] as const) {
+    it(`a stream of ${input} is one message item with both parts, as OpenAI's`, async () => {
+      const stream = client.responses.stream({ model: 'x', input });
+      const events: Array<Payload & { type: string }> = [];
+      for await (const ev of stream) events.push(ev as unknown as Payload & { type: string });
+      const final = await stream.finalResponse();
+      const types = events.map((e) => e.type);
+      assert.deepEqual(
+        events.map((e) => e.sequence_number),
+        events.map((_, i) => i),
+      );
+      assert.equal(types.filter((t) => t === 'response.output_item.added').length, 1);
+      assert.equal(types.filter((t) => t === 'response.output_item.done').length, 1);
+      // Each part opens, streams and closes at its own content_index of output 0.
+      const partEvents = events.filter((e) => 'content_index' in e);
+      assert.ok(partEvents.every((e) => e.output_index === 0));
+      const kind = (i: number) => (parts[i]!.type === 'output_text' ? 'output_text' : 'refusal');
+      const at = (i: number) => partEvents.filter((e) => e.content_index === i).map((e) => e.type);
+      for (const i of [0, 1]) {
+        const seen = at(i);
+        assert.equal(seen[0], 'response.content_part.added');
+        assert.ok(seen.slice(1, -2).every((t) => t === `response.${kind(i)}.delta`));
+        assert.deepEqual(seen.slice(-2), [
+          `response.${kind(i)}.done`,
+          'response.content_part.done',
+        ]);
+      }
+      assert.equal(types.at(-1), 'response.completed');
+      const output = (events.at(-1)!.response as { output: Array<{ content: Payload[] }> }).output;
+      assert.equal(output.length, 1);
+      const done = events.find((e) => e.type === 'response.output_item.done')!;
+      assert.deepEqual(done.item, output[0]);
+      const bare = (p: Payload) =>
+        p.type === 'output_text'
+          ? { type: p.type, text: p.text }
+          : { type: p.type, refusal: p.refusal };
+      assert.deepEqual(output[0]!.content.map(bare), parts);
+      // The SDK's accumulator agrees, and it is stored as streamed.
+      assert.equal(final.output.length, 1);
+      const msg = final.output[0]!;
+      assert.ok(msg.type === 'message');
+      assert.deepEqual((msg.content as unknown as Payload[]).map(bare), parts);
+      const stored = await client.responses.retrieve(final.id);
+      assert.deepEqual(stored.output, output);
+    });
+  }
+
   it('strict: true on a schema that cannot be strict is 400 naming it, and runs nothing', async () => {
     bodies.length = 0;
     const err = await client.responses
