@@ -83,8 +83,10 @@ export class ConversationService {
     return new Date(this.clock.now());
   }
 
-  private async row(tx: Tx, scope: ConversationScope, id: string) {
-    const rows = await tx.select().from(conversations).where(conversationOf(scope, id)).limit(1);
+  /** `lock`: held to the transaction's end (`FOR UPDATE`), for an append. */
+  private async row(tx: Tx, scope: ConversationScope, id: string, lock = false) {
+    const q = tx.select().from(conversations).where(conversationOf(scope, id)).limit(1);
+    const rows = lock ? await q.for('update') : await q;
     return rows[0] ?? null;
   }
 
@@ -161,10 +163,17 @@ export class ConversationService {
       .values(items.map((item) => ({ conversationId, id: item.id, item, createdAt: now })));
   }
 
-  /** Appends items (in `tx` when given: the Responses API adds a response's turn). */
+  /**
+   * Appends items (in `tx` when given: the Responses API adds a response's turn). The
+   * conversation's row is locked to the commit: `seq` comes from one sequence for all
+   * conversations, so two appends at once would otherwise interleave their rows (each
+   * row draws its value as it is inserted), and a later append could commit a lower
+   * `seq` than one a reader already paged past. A delete waits for it, or it for the
+   * delete, and then finds the conversation gone.
+   */
   async append(scope: ConversationScope, id: string, items: Item[], tx?: Tx): Promise<Item[]> {
     const run = async (t: Tx) => {
-      if (!(await this.row(t, scope, id))) throw notFound(id);
+      if (!(await this.row(t, scope, id, true))) throw notFound(id);
       await this.insertItems(t, id, items, this.now());
       return items;
     };

@@ -3,6 +3,7 @@
  * conversation: the history goes to the worker, the turn joins the conversation.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
@@ -326,6 +327,54 @@ describe('Conversations API: a conversation deleted while a response in it runs'
       assert.ok(
         events.some((e) => e.type === 'response.completed' && e.body.includes(r.id)),
         `stream ${stream}: no response.completed event`,
+      );
+    }
+  });
+});
+
+describe('Conversations API on PostgreSQL', { skip: !process.env.TEST_DATABASE_URL }, () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await inferenceFixture({ driver: 'postgres' });
+  });
+  after(() => f.close());
+
+  it('concurrent appends to one conversation keep each request’s items together, in order', async () => {
+    f.server.clock.advance(61_000);
+    const conv = await f.client.conversations.create({});
+    const requests = 10;
+    const per = 20;
+    // Big items (random, so incompressible) take each row a while to write: appends that
+    // run at once then overlap for certain, and without the conversation's lock their
+    // rows draw `seq` in turn from the one sequence and interleave.
+    const filler = () => randomBytes(40_000).toString('base64');
+    await Promise.all(
+      Array.from({ length: requests }, (_, r) =>
+        f.client.conversations.items.create(conv.id, {
+          items: Array.from({ length: per }, (_, i) => ({
+            type: 'message' as const,
+            role: 'user' as const,
+            content: `${r}:${i}:${filler()}`,
+          })),
+        }),
+      ),
+    );
+    const texts: string[] = [];
+    for await (const item of f.client.conversations.items.list(conv.id, {
+      order: 'asc',
+      limit: 100,
+    })) {
+      const text = (item as { content: Array<{ text: string }> }).content[0]!.text;
+      texts.push(text.split(':').slice(0, 2).join(':'));
+    }
+    assert.equal(texts.length, requests * per);
+    // Each request's items one run, 0..19, whatever order the requests landed in.
+    for (let at = 0; at < texts.length; at += per) {
+      const r = texts[at]!.split(':')[0];
+      assert.deepEqual(
+        texts.slice(at, at + per),
+        Array.from({ length: per }, (_, i) => `${r}:${i}`),
+        `run at ${at}`,
       );
     }
   });
