@@ -2,8 +2,8 @@
  * The Responses API with the official OpenAI SDK, through the router to a worker of the
  * test's own that answers canned chat completions and records the bodies it gets: what
  * a Responses request becomes on the chat path (function tools' `strict`), and how
- * answers no `sim` worker gives (text and a refusal in one message) become Responses
- * output and events.
+ * answers no `sim` worker gives (text and a refusal in one message, a connection lost
+ * mid-answer) become Responses output, events and stored responses.
  */
 import assert from 'node:assert/strict';
 import http from 'node:http';
@@ -30,6 +30,7 @@ const streams: Record<string, Payload[]> = {
     delta({ refusal: 'help.' }, 'stop'),
     { ...head, choices: [], usage },
   ],
+  'cut short': [delta({ role: 'assistant', content: 'Once upon' }), delta({ content: ' a time' })],
   'refusal then text': [
     delta({ role: 'assistant', refusal: 'Sorry.' }),
     delta({ content: ' Try again.' }, 'stop'),
@@ -66,6 +67,12 @@ async function cannedWorker(bodies: Payload[]) {
         return;
       }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
+      if (messages.at(-1)!.content === 'cut short') {
+        // Lost mid-answer: some text, then the connection drops.
+        res.write(chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join(''));
+        setTimeout(() => res.destroy(), 50);
+        return;
+      }
       res.end(chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n');
     });
   });
@@ -76,6 +83,8 @@ describe('Responses API: canned worker answers', () => {
   let s: TestServer;
   let w: Awaited<ReturnType<typeof cannedWorker>>;
   let client: OpenAI;
+  let baseURL: string;
+  let key: string;
   const bodies: Payload[] = [];
   before(async () => {
     s = await startTestServer();
@@ -94,11 +103,9 @@ describe('Responses API: canned worker answers', () => {
       tier: 'gpu',
     });
     const k = await s.admin('POST', '/projects/can/keys', { quotaRequests: 10_000 });
-    client = new OpenAI({
-      baseURL: `${s.url}/${String(p.body.id)}/chat/v1`,
-      apiKey: String(k.body.key),
-      maxRetries: 0,
-    });
+    baseURL = `${s.url}/${String(p.body.id)}/chat/v1`;
+    key = String(k.body.key);
+    client = new OpenAI({ baseURL, apiKey: key, maxRetries: 0 });
   });
   after(async () => {
     await s.close();
@@ -220,6 +227,34 @@ describe('Responses API: canned worker answers', () => {
       assert.deepEqual(stored.output, output);
     });
   }
+
+  it('a stream lost mid-answer is stored failed, with its error and what had streamed', async () => {
+    const res = await fetch(`${baseURL}/responses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'x', input: 'cut short', stream: true }),
+    });
+    const events = (await res.text())
+      .split('\n\n')
+      .filter(Boolean)
+      .map((block) => JSON.parse(block.split('\ndata: ')[1]!) as Payload & { type: string });
+    assert.deepEqual(
+      events.slice(-2).map((e) => e.type),
+      ['error', 'response.failed'],
+    );
+    const failed = events.at(-1)!.response as { id: string; error: { code: string } };
+    const stored = await client.responses.retrieve(failed.id);
+    assert.equal(stored.status, 'failed');
+    assert.deepEqual(stored.error, failed.error);
+    assert.equal(typeof stored.error?.message, 'string');
+    const item = stored.output[0]!;
+    assert.ok(item.type === 'message');
+    assert.equal(item.status, 'incomplete');
+    assert.deepEqual(
+      item.content.map((p) => (p.type === 'output_text' ? p.text : null)),
+      ['Once upon a time'],
+    );
+  });
 
   it('strict: true on a schema that cannot be strict is 400 naming it, and runs nothing', async () => {
     bodies.length = 0;
