@@ -159,7 +159,12 @@ function strictProblem(root: unknown): string | null {
         return `${at || '/'}: additionalProperties must be false`;
       }
       const required = Array.isArray(n.required) ? (n.required as unknown[]) : [];
-      for (const [k, v] of Object.entries(isNode(props) ? props : {})) {
+      const declared = isNode(props) ? props : {};
+      const undeclared = required.find((k) => typeof k !== 'string' || !Object.hasOwn(declared, k));
+      if (undeclared !== undefined) {
+        return `${at || '/'}: ${JSON.stringify(undeclared)} is required but not in properties`;
+      }
+      for (const [k, v] of Object.entries(declared)) {
         if (!required.includes(k)) return `${at || '/'}: '${k}' must be required`;
         const inner = problem(v, `${at}/properties/${k}`);
         if (inner !== null) return inner;
@@ -184,8 +189,8 @@ function strictProblem(root: unknown): string | null {
 /**
  * Keywords that keep a tool without `strict` from being made strict: what OpenAI's
  * strict mode refuses (`allOf`, `not`, conditionals…), and value constraints that a
- * worker's grammar may not enforce in strict mode (`pattern`, `minimum`…), so that the
- * default never turns a request that works into a refused one.
+ * worker's grammar may not enforce in strict mode (`pattern`, `minimum`, most string
+ * `format`s…), so that the default never turns a request that works into a refused one.
  */
 const NOT_STRICT_BY_DEFAULT = new Set([
   'allOf',
@@ -218,16 +223,18 @@ const NOT_STRICT_BY_DEFAULT = new Set([
 /** Keywords whose value maps names to schemas. */
 const NAMED = new Set(['properties', '$defs', 'definitions']);
 
-function hasKeyword(v: unknown, keys: ReadonlySet<string>): boolean {
-  if (Array.isArray(v)) return v.some((x) => hasKeyword(x, keys));
+/** String formats a grammar writes (others: as the value constraints above). */
+const GRAMMAR_FORMATS = new Set(['date-time', 'date', 'time']);
+
+function looseOnly(v: unknown): boolean {
+  if (Array.isArray(v)) return v.some(looseOnly);
   if (!isNode(v)) return false;
   return Object.entries(v).some(
     // A property or definition named like a keyword is a name, not the keyword.
     ([k, x]) =>
-      keys.has(k) ||
-      (NAMED.has(k) && isNode(x)
-        ? Object.values(x).some((p) => hasKeyword(p, keys))
-        : hasKeyword(x, keys)),
+      NOT_STRICT_BY_DEFAULT.has(k) ||
+      (k === 'format' && typeof x === 'string' && !GRAMMAR_FORMATS.has(x)) ||
+      (NAMED.has(k) && isNode(x) ? Object.values(x).some(looseOnly) : looseOnly(x)),
   );
 }
 
@@ -247,7 +254,7 @@ function strictOf(t: z.output<typeof functionTool>, i: number): boolean {
     });
   }
   if (t.strict != null) return t.strict;
-  return problem === null && !hasKeyword(t.parameters, NOT_STRICT_BY_DEFAULT);
+  return problem === null && !looseOnly(t.parameters);
 }
 
 function unsupported(param: string, message: string): ServiceError {

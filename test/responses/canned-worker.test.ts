@@ -147,6 +147,31 @@ describe('Responses API: canned worker answers', () => {
         undefined,
         false,
       ],
+      [
+        'format email',
+        {
+          ...closed,
+          properties: { ...closed.properties, city: { type: 'string', format: 'email' } },
+        },
+        undefined,
+        false,
+      ],
+      [
+        'format date, and a property named pattern',
+        {
+          ...closed,
+          properties: { city: { type: 'string', format: 'date' }, pattern: { type: 'string' } },
+          required: ['city', 'pattern'],
+        },
+        undefined,
+        true,
+      ],
+      [
+        'required but not declared',
+        { ...closed, required: [...closed.required, 'x'] },
+        undefined,
+        false,
+      ],
     ];
     for (const [what, parameters, strict, expected] of cases) {
       bodies.length = 0;
