@@ -229,129 +229,103 @@ describe('uploads with the OpenAI SDK', () => {
   });
 });
 
-describe('a part still streaming when its upload is cancelled', () => {
+/** A part upload whose multipart body the test streams by hand, to stop it midway. */
+describe('a part that does not arrive whole', () => {
   let f: InferenceFixture;
   before(async () => {
     f = await inferenceFixture();
   });
   after(() => f.close());
 
-  it('is refused with 409 invalid_state and leaves nothing stored', async () => {
-    const upload = await f.client.uploads.create({
-      filename: 'r.bin',
-      purpose: 'assistants',
-      bytes: 3,
-      mime_type: 'application/octet-stream',
-    });
-    const db = f.server.services.store.db;
-    const chunkOwners = async () =>
-      (await db.select({ owner: tables.blobChunks.owner }).from(tables.blobChunks))
-        .map((c) => c.owner)
-        .filter((o) => o.startsWith('part_'));
-    const before = await chunkOwners();
-    // The part's first MiB reaches the database; the rest waits for `go`.
-    let go!: () => void;
-    const gate = new Promise<void>((r) => (go = r));
-    const head =
-      '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
-      'Content-Type: application/octet-stream\r\n\r\n';
-    const body = new ReadableStream<Uint8Array>({
-      async start(c) {
-        c.enqueue(Buffer.from(head));
-        c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
-        await gate;
-        c.enqueue(Buffer.from('tail\r\n--zz--\r\n'));
-        c.close();
-      },
-    });
-    const res = fetch(`${f.baseURL}/uploads/${upload.id}/parts`, {
+  const HEAD =
+    '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
+    'Content-Type: application/octet-stream\r\n\r\n';
+  const chunkOwners = async () =>
+    (
+      await f.server.services.store.db
+        .select({ owner: tables.blobChunks.owner })
+        .from(tables.blobChunks)
+    )
+      .map((c) => c.owner)
+      .filter((o) => o.startsWith('part_'));
+  const partsOf = async (uploadId: string) =>
+    (await f.server.services.store.db.select().from(tables.uploadParts)).filter(
+      (x) => x.uploadId === uploadId,
+    );
+  /** Real time, reading the database: until `done()` holds (5 s at most). */
+  const until = async (done: () => Promise<boolean>) => {
+    for (let i = 0; i < 500 && !(await done()); i++) await new Promise((r) => setTimeout(r, 10));
+  };
+  /** POSTs a part: the head and its first MiB, then whatever `rest` does with the stream. */
+  const postPart = (
+    uploadId: string,
+    rest: (c: ReadableStreamDefaultController<Uint8Array>) => Promise<void> | void,
+    signal?: AbortSignal,
+  ) =>
+    fetch(`${f.baseURL}/uploads/${uploadId}/parts`, {
       method: 'POST',
       headers: {
         authorization: `Bearer ${f.key}`,
         'content-type': 'multipart/form-data; boundary=zz',
       },
-      body,
+      body: new ReadableStream<Uint8Array>({
+        async start(c) {
+          c.enqueue(Buffer.from(HEAD));
+          c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
+          await rest(c);
+        },
+      }),
       duplex: 'half',
+      signal,
     } as RequestInit);
-    for (let i = 0; i < 500 && (await chunkOwners()).length === before.length; i++) {
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    assert.equal((await f.client.uploads.cancel(upload.id)).status, 'cancelled');
+  const upload = (filename: string) =>
+    f.client.uploads.create({
+      filename,
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'application/octet-stream',
+    });
+
+  it('still streaming when its upload is cancelled: 409 invalid_state, nothing stored', async () => {
+    const u = await upload('r.bin');
+    const before = await chunkOwners();
+    // The part's first MiB reaches the database; the rest waits for `go`.
+    let go!: () => void;
+    const gate = new Promise<void>((r) => (go = r));
+    const res = postPart(u.id, async (c) => {
+      await gate;
+      c.enqueue(Buffer.from('tail\r\n--zz--\r\n'));
+      c.close();
+    });
+    await until(async () => (await chunkOwners()).length !== before.length);
+    assert.equal((await f.client.uploads.cancel(u.id)).status, 'cancelled');
     go();
     const r = await res;
     const e = ((await r.json()) as { error?: { code: string } }).error;
     assert.equal(r.status, 409);
     assert.equal(e?.code, 'invalid_state');
-    const parts = await db.select().from(tables.uploadParts);
-    assert.deepEqual(
-      parts.filter((x) => x.uploadId === upload.id),
-      [],
-    );
+    assert.deepEqual(await partsOf(u.id), []);
     assert.deepEqual(await chunkOwners(), before);
   });
-});
 
-describe('a part whose client goes away mid-body', () => {
-  let f: InferenceFixture;
-  before(async () => {
-    f = await inferenceFixture();
-  });
-  after(() => f.close());
-
-  it('leaves no part and no bytes, and the upload completes from other parts', async () => {
-    const upload = await f.client.uploads.create({
-      filename: 'gone.bin',
-      purpose: 'assistants',
-      bytes: 3,
-      mime_type: 'application/octet-stream',
-    });
-    const db = f.server.services.store.db;
-    const chunkOwners = async () =>
-      (await db.select({ owner: tables.blobChunks.owner }).from(tables.blobChunks))
-        .map((c) => c.owner)
-        .filter((o) => o.startsWith('part_'));
+  it('its client gone mid-body: no part, no bytes, and the upload completes from other parts', async () => {
+    const u = await upload('gone.bin');
     const before = await chunkOwners();
-    const head =
-      '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
-      'Content-Type: application/octet-stream\r\n\r\n';
     // The part's first MiB reaches the database; then the client aborts.
-    const body = new ReadableStream<Uint8Array>({
-      start(c) {
-        c.enqueue(Buffer.from(head));
-        c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
-      },
-    });
     const ac = new AbortController();
-    const res = fetch(`${f.baseURL}/uploads/${upload.id}/parts`, {
-      method: 'POST',
-      headers: {
-        authorization: `Bearer ${f.key}`,
-        'content-type': 'multipart/form-data; boundary=zz',
-      },
-      body,
-      duplex: 'half',
-      signal: ac.signal,
-    } as RequestInit);
-    for (let i = 0; i < 500 && (await chunkOwners()).length === before.length; i++) {
-      await new Promise((r) => setTimeout(r, 10));
-    }
+    const res = postPart(u.id, () => {}, ac.signal);
+    await until(async () => (await chunkOwners()).length !== before.length);
     assert.notDeepEqual(await chunkOwners(), before);
     ac.abort();
     await res.catch(() => null);
-    // Real time, reading the database: the router drops what it stored of the part.
-    for (let i = 0; i < 500 && (await chunkOwners()).length !== before.length; i++) {
-      await new Promise((r) => setTimeout(r, 10));
-    }
+    // The router drops what it stored of the part.
+    await until(async () => (await chunkOwners()).length === before.length);
     assert.deepEqual(await chunkOwners(), before);
-    const parts = await db.select().from(tables.uploadParts);
-    assert.deepEqual(
-      parts.filter((x) => x.uploadId === upload.id),
-      [],
-    );
-    const p = await f.client.uploads.parts.create(upload.id, {
+    assert.deepEqual(await partsOf(u.id), []);
+    const p = await f.client.uploads.parts.create(u.id, {
       data: new File([Buffer.from('abc')], 'part'),
     });
-    const done = await f.client.uploads.complete(upload.id, { part_ids: [p.id] });
+    const done = await f.client.uploads.complete(u.id, { part_ids: [p.id] });
     assert.equal(done.file?.bytes, 3);
   });
 });
