@@ -13,7 +13,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { tables } from '../../src/store/index.js';
-import { startTestServer, type TestServer } from '../support/harness.js';
+import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 import { listenWorker } from '../support/fake-worker.js';
 
 /** An OpenAI-compatible worker answering "ok" to everything, keeping every request body. */
@@ -112,18 +112,15 @@ describe('the body a worker receives', () => {
   before(async () => {
     s = await startTestServer();
     w = await recordingWorker();
-    await s.admin('POST', '/models', { name: 'rm', context_window: 4096 });
-    await s.admin('POST', '/workers', { model: 'rm', tier: 'gpu', url: w.url, id: 'rec' });
-    const p = await s.admin('POST', '/projects', { slug: 'fwd', name: 'Fwd' });
-    await s.admin('POST', '/projects/fwd/endpoints', {
-      slug: 'chat',
-      name: 'C',
+    const p = await seedProject(s, {
+      slug: 'fwd',
       model: 'rm',
       tier: 'gpu',
+      worker: { url: w.url, id: 'rec' },
+      quotaRequests: 10_000,
     });
-    const k = await s.admin('POST', '/projects/fwd/keys', { quotaRequests: 10_000 });
-    url = `${s.url}/${String(p.body.id)}/chat/v1/chat/completions`;
-    key = String(k.body.key);
+    url = `${p.baseURL}/chat/completions`;
+    key = p.key;
   });
   after(async () => {
     await s.close();

@@ -15,7 +15,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
-import { startTestServer, type TestServer } from '../support/harness.js';
+import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 import { validateChunk, validateCompletion } from '../support/openai-schemas.js';
 import { listenWorker } from '../support/fake-worker.js';
 
@@ -169,25 +169,15 @@ describe('what engines send, as the client gets it', () => {
   before(async () => {
     s = await startTestServer();
     w = await variantWorker();
-    await s.admin('POST', '/models', {
-      name: 'vm',
-      context_window: 4096,
-      capabilities: ['tool_calling', 'logprobs'],
-    });
-    await s.admin('POST', '/workers', { model: 'vm', tier: 'gpu', url: w.url, id: 'variants' });
-    const p = await s.admin('POST', '/projects', { slug: 'var', name: 'Variants' });
-    await s.admin('POST', '/projects/var/endpoints', {
-      slug: 'chat',
-      name: 'C',
+    const p = await seedProject(s, {
+      slug: 'var',
       model: 'vm',
       tier: 'gpu',
+      capabilities: ['tool_calling', 'logprobs'],
+      worker: { url: w.url, id: 'variants' },
+      quotaRequests: 10_000,
     });
-    const k = await s.admin('POST', '/projects/var/keys', { quotaRequests: 10_000 });
-    client = new OpenAI({
-      baseURL: `${s.url}/${String(p.body.id)}/chat/v1`,
-      apiKey: String(k.body.key),
-      maxRetries: 0,
-    });
+    client = new OpenAI({ baseURL: p.baseURL, apiKey: p.key, maxRetries: 0 });
   });
   after(async () => {
     await s.close();

@@ -10,7 +10,7 @@ import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { listenWorker } from '../support/fake-worker.js';
-import { startTestServer, type TestServer } from '../support/harness.js';
+import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 
 type Payload = Record<string, unknown>;
 
@@ -89,22 +89,14 @@ describe('Responses API: canned worker answers', () => {
   before(async () => {
     s = await startTestServer();
     w = await cannedWorker(bodies);
-    await s.admin('POST', '/models', {
-      name: 'cm',
-      context_window: 4096,
-      capabilities: ['tool_calling', 'json_schema'],
-    });
-    await s.admin('POST', '/workers', { model: 'cm', tier: 'gpu', url: w.url, id: 'canned' });
-    const p = await s.admin('POST', '/projects', { slug: 'can', name: 'Canned' });
-    await s.admin('POST', '/projects/can/endpoints', {
-      slug: 'chat',
-      name: 'C',
+    ({ baseURL, key } = await seedProject(s, {
+      slug: 'can',
       model: 'cm',
       tier: 'gpu',
-    });
-    const k = await s.admin('POST', '/projects/can/keys', { quotaRequests: 10_000 });
-    baseURL = `${s.url}/${String(p.body.id)}/chat/v1`;
-    key = String(k.body.key);
+      capabilities: ['tool_calling', 'json_schema'],
+      worker: { url: w.url, id: 'canned' },
+      quotaRequests: 10_000,
+    }));
     client = new OpenAI({ baseURL, apiKey: key, maxRetries: 0 });
   });
   after(async () => {

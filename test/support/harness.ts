@@ -199,19 +199,41 @@ export async function seedProject(
     model?: string;
     /** The key's quota per 60 s (the spec's default 60 when absent). */
     quotaRequests?: number;
+    /** The model's declared capabilities (none when absent). */
+    capabilities?: string[];
+    /** A worker of the model on the endpoint's tier, registered by URL (a test's own). */
+    worker?: { url: string; id: string };
+    endpointSlug?: string;
   } = {},
-): Promise<{ projectId: string; projectSlug: string; endpointId: string; key: string }> {
+): Promise<{
+  projectId: string;
+  projectSlug: string;
+  endpointId: string;
+  key: string;
+  /** The endpoint's `/v1` base URL, as an OpenAI client takes it. */
+  baseURL: string;
+}> {
   const slug = opts.slug ?? `p${Math.random().toString(36).slice(2, 8)}`;
   const model = opts.model ?? 'test-model';
-  const m = await s.admin('POST', '/models', { name: model, context_window: 4096 });
+  const tier = opts.tier ?? 'cpu';
+  const endpointSlug = opts.endpointSlug ?? 'main';
+  const m = await s.admin('POST', '/models', {
+    name: model,
+    context_window: 4096,
+    ...(opts.capabilities ? { capabilities: opts.capabilities } : {}),
+  });
   if (m.status !== 201 && m.status !== 409) throw new Error(`model: ${m.text}`);
+  if (opts.worker) {
+    const w = await s.admin('POST', '/workers', { model, tier, ...opts.worker });
+    if (w.status !== 201) throw new Error(`worker: ${w.text}`);
+  }
   const p = await s.admin('POST', '/projects', { slug, name: `Project ${slug}` });
   if (p.status !== 201) throw new Error(`project: ${p.text}`);
   const e = await s.admin('POST', `/projects/${slug}/endpoints`, {
-    slug: 'main',
+    slug: endpointSlug,
     name: 'Main',
     model,
-    tier: opts.tier ?? 'cpu',
+    tier,
   });
   if (e.status !== 201) throw new Error(`endpoint: ${e.text}`);
   const k = await s.admin('POST', `/projects/${slug}/keys`, {
@@ -224,6 +246,7 @@ export async function seedProject(
     projectSlug: slug,
     endpointId: String(e.body.id),
     key: String(k.body.key),
+    baseURL: `${s.url}/${String(p.body.id)}/${endpointSlug}/v1`,
   };
 }
 
