@@ -57,7 +57,9 @@ const adminUrl = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.
 const cleanups = [];
 
 async function startBuild(label, bin, simUrl, nodeArgs) {
-  const dataDir = mkdtempSync(join(os.tmpdir(), `switchyard-ab-${label}-`));
+  const dataDir = mkdtempSync(
+    join(os.tmpdir(), `switchyard-ab-${label.replace(/[^A-Za-z0-9]+/g, '-')}-`),
+  );
   const db = await createDatabase(adminUrl);
   cleanups.push(async () => {
     rmSync(dataDir, { recursive: true, force: true });
