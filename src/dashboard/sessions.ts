@@ -6,9 +6,11 @@
  * holds its SHA-256, so a database read does not yield usable cookies. Its end
  * is min(last activity + 480 min, start + 1440 min) (spec: each activity extends
  * the session by 480 minutes of idle timeout; the maximum lifetime is 1440
- * minutes regardless of activity). Recording an activity writes the row only when
- * the last recorded one is a minute old or more: the idle end is then late by
- * under a minute, and a page view does not cost a write per request.
+ * minutes regardless of activity). Every activity is recorded: skipping the write
+ * for one soon after the last recorded one (as this once did, within a minute)
+ * leaves the end at the earlier activity's, so the session ended up to a minute
+ * before 480 idle minutes had passed. A dashboard request is a page or a form's
+ * action, so the write is one small update per user action.
  *
  * A login that needs its second factor is a challenge: the password (or the
  * identity provider) was right, the TOTP or backup code is still due, and after
@@ -30,8 +32,6 @@ const { dashboardSessions: S, loginChallenges: C } = tables;
 export const SESSION_IDLE_MS = 480 * 60_000;
 export const SESSION_MAX_MS = 1440 * 60_000;
 export const LOGIN_CHALLENGE_MS = 5 * 60_000;
-/** Activity is recorded at most this often per session. */
-const TOUCH_EVERY_MS = 60_000;
 
 export interface Opened {
   token: string;
@@ -93,7 +93,7 @@ export class Sessions {
       return null;
     }
     let expiresAt = row.expiresAt;
-    if (now - row.lastSeenAt.getTime() >= TOUCH_EVERY_MS) {
+    if (now > row.lastSeenAt.getTime()) {
       expiresAt = new Date(
         Math.min(now + SESSION_IDLE_MS, row.createdAt.getTime() + SESSION_MAX_MS),
       );

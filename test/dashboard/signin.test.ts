@@ -144,6 +144,17 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal((await w.send('GET', '/dashboard')).status, 302, 'at 1440 min');
   });
 
+  it('the idle end is 480 minutes after the last activity, even one within a minute of the previous', async () => {
+    await user(s, 'recent@example.com');
+    const v = new Visitor(s.url);
+    await v.login('recent@example.com', PASSWORD);
+    // An activity 30 s after signing in: the session now lasts until 480 minutes after it.
+    s.clock.advance(30_000);
+    assert.equal((await v.send('GET', '/dashboard')).status, 200);
+    s.clock.advance(480 * MIN - 1000);
+    assert.equal((await v.send('GET', '/dashboard')).status, 200, '479:59 after the last activity');
+  });
+
   it('wrong passwords are rate limited per address: 10 in 15 minutes, then even the right one waits', async () => {
     await user(s, 'guess@example.com');
     const v = new Visitor(s.url);
