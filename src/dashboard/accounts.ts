@@ -413,19 +413,31 @@ export class Accounts {
     return row;
   }
 
-  /** Unlinks an identity; the last way in (no password, no other identity) stays. */
+  /**
+   * Unlinks an identity; the last way in (no password, no other identity) stays.
+   * The check and the delete hold the user's row: two unlinks at once (of the two
+   * identities of a user without a password) each saw the other identity still
+   * there, and both went through.
+   */
   async unlink(userId: string, provider: string): Promise<void> {
-    const u = await this.user(userId);
-    if (!u) throw new ServiceError('user_not_found');
-    const mine = await this.db.select().from(I).where(eq(I.userId, userId));
-    const gone = mine.filter((i) => i.provider === provider);
-    if (gone.length === 0)
-      throw new ServiceError('not_found', { message: 'No such linked identity.' });
-    if (!u.passwordHash && gone.length === mine.length) {
-      throw new ServiceError('invalid_state', {
-        message: 'Set a password first: this identity is your only way to sign in.',
-      });
-    }
-    await this.db.delete(I).where(and(eq(I.userId, userId), eq(I.provider, provider)));
+    if (!(await this.user(userId))) throw new ServiceError('user_not_found');
+    await this.db.transaction(async (tx) => {
+      const [u] = await tx
+        .select({ passwordHash: U.passwordHash })
+        .from(U)
+        .where(eq(U.id, userId))
+        .for('update');
+      if (!u) throw new ServiceError('user_not_found');
+      const mine = await tx.select().from(I).where(eq(I.userId, userId));
+      const gone = mine.filter((i) => i.provider === provider);
+      if (gone.length === 0)
+        throw new ServiceError('not_found', { message: 'No such linked identity.' });
+      if (!u.passwordHash && gone.length === mine.length) {
+        throw new ServiceError('invalid_state', {
+          message: 'Set a password first: this identity is your only way to sign in.',
+        });
+      }
+      await tx.delete(I).where(and(eq(I.userId, userId), eq(I.provider, provider)));
+    });
   }
 }

@@ -11,7 +11,9 @@ import assert from 'node:assert/strict';
 import { createServer, type AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
+import { eq } from 'drizzle-orm';
 import { totpCode } from '../../src/dashboard/totp.js';
+import { tables } from '../../src/store/index.js';
 import { Visitor, type Answer } from '../support/dashboard.js';
 import { startFakeIdp, type FakeIdp, type TokenTamper } from '../support/fake-idp.js';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
@@ -37,6 +39,7 @@ const CAROL = { sub: 'sub-carol', email: 'carol@example.com', email_verified: tr
 const LATE = { sub: 'sub-late', email: 'late@example.com', email_verified: true };
 const DAN = { sub: 'sub-dan', email: 'dan@example.com', email_verified: true };
 const MAL = { sub: 'sub-mal', email: 'mal@example.com', email_verified: true };
+const DUO = { sub: 'sub-duo', email: 'duo@example.com', email_verified: true };
 
 const ERROR_PAGE = /^\/login\?error=./;
 
@@ -52,7 +55,7 @@ describe('identity-provider sign-in through the router', () => {
     deadIssuer = `http://127.0.0.1:${(probe.address() as AddressInfo).port}`;
     await new Promise<void>((resolve) => probe.close(() => resolve()));
     idp = await startFakeIdp({
-      users: [ADA, GRACE, MALLORY, NOBODY, EVE, LINKER, TFA, API, CAROL, LATE, DAN, MAL],
+      users: [ADA, GRACE, MALLORY, NOBODY, EVE, LINKER, TFA, API, CAROL, LATE, DAN, MAL, DUO],
     });
     s = await startTestServer({
       env: {
@@ -405,6 +408,48 @@ describe('identity-provider sign-in through the router', () => {
     const un = await v.send('POST', '/account/identities/fake/unlink', { body: {} });
     assert.equal(un.status, 409, un.text);
     assert.ok((await account(v)).includes('/account/identities/fake/unlink'), 'still linked');
+  });
+
+  it('two identities unlinked at once: one stays, the account keeps a way in', async () => {
+    const v = new Visitor(s.url);
+    assert.equal((await viaProvider(v, DUO.sub)).location, '/dashboard');
+    const [u] = await s.services.store.db
+      .select()
+      .from(tables.users)
+      .where(eq(tables.users.email, DUO.email));
+    // A second identity, at another provider.
+    await s.services.store.db.insert(tables.userIdentities).values({
+      provider: 'other',
+      subject: 'sub-duo-other',
+      userId: u!.id,
+      email: DUO.email,
+      createdAt: new Date(s.clock.now()),
+    });
+    await account(v);
+    // The two lookups of the user answer together (as a remote PostgreSQL can), so
+    // each request reads the identities before either deletes one.
+    const accounts = s.services.dashboard.accounts;
+    const lookup = accounts.user.bind(accounts);
+    const waiting: Array<() => void> = [];
+    accounts.user = async (id) => {
+      await new Promise<void>((resolve) => {
+        waiting.push(resolve);
+        if (waiting.length === 2) for (const go of waiting.splice(0)) go();
+      });
+      return lookup(id);
+    };
+    const answers = await Promise.all(
+      ['fake', 'other'].map((p) => v.send('POST', `/account/identities/${p}/unlink`, { body: {} })),
+    ).finally(() => {
+      accounts.user = lookup;
+    });
+    const statuses = answers.map((a) => a.status).sort();
+    assert.deepEqual(statuses, [200, 409], answers.map((a) => a.text).join(' '));
+    const left = await s.services.store.db
+      .select()
+      .from(tables.userIdentities)
+      .where(eq(tables.userIdentities.userId, u!.id));
+    assert.equal(left.length, 1, 'one way in stays');
   });
 
   // ---- (7) two-factor authentication after the provider ----
