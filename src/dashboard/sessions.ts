@@ -70,6 +70,9 @@ export class Sessions {
     const token = newToken();
     const csrfToken = newToken();
     const expiresAt = new Date(now + SESSION_IDLE_MS);
+    // A session whose browser never comes back is deleted by no `resolve`: the
+    // user's ended ones go with each new one (by the user index, no table scan).
+    await this.db.delete(S).where(and(eq(S.userId, userId), lte(S.expiresAt, new Date(now))));
     await this.db.insert(S).values({
       tokenHash: tokenHash(token),
       userId,

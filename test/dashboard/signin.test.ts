@@ -155,6 +155,25 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal((await v.send('GET', '/dashboard')).status, 200, '479:59 after the last activity');
   });
 
+  it('ended sessions do not stay in the database', async () => {
+    const id = await user(s, 'gone@example.com');
+    const [u] = await s.services.store.db
+      .select()
+      .from(tables.users)
+      .where(eq(tables.users.externalId, id));
+    const rows = () =>
+      s.services.store.db
+        .select()
+        .from(tables.dashboardSessions)
+        .where(eq(tables.dashboardSessions.userId, u!.id));
+    // Browsers that sign in and never come back (a cleared cookie, another device).
+    for (let i = 0; i < 3; i++) await new Visitor(s.url).login('gone@example.com', PASSWORD);
+    assert.equal((await rows()).length, 3);
+    s.clock.advance(480 * MIN);
+    await new Visitor(s.url).login('gone@example.com', PASSWORD);
+    assert.equal((await rows()).length, 1, 'only the live session is kept');
+  });
+
   it('wrong passwords are rate limited per address: 10 in 15 minutes, then even the right one waits', async () => {
     await user(s, 'guess@example.com');
     const v = new Visitor(s.url);
