@@ -130,26 +130,47 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       return { sess, account };
     };
 
-    const openSession = async (reply: FastifyReply, userId: string) => {
-      const opened = await d.sessions.open(userId);
+    /** A session, unless `stillValid` (sessions.ts) says no: false then, and no cookie. */
+    const openSession = async (
+      reply: FastifyReply,
+      userId: string,
+      stillValid?: () => Promise<boolean>,
+    ) => {
+      const opened = await d.sessions.open(userId, stillValid);
+      if (!opened) return false;
       void reply.setCookie(SESSION, opened.token, { ...COOKIE, maxAge: SESSION_MAX_MS / 1000 });
       void reply.clearCookie(LOGIN, COOKIE);
+      return true;
     };
 
-    /** After the first factor: a session, or the 5-minute second-factor step. */
+    /**
+     * After the first factor: a session, or the 5-minute second-factor step. With
+     * `password`, the hash the password was checked against: a change or reset
+     * meanwhile (which ends every session) refuses the sign-in, 401.
+     */
     const afterFirstFactor = async (
       reply: FastifyReply,
       user: { id: string; totpSecret: string | null },
+      password?: string,
     ) => {
+      const stillValid =
+        password === undefined
+          ? undefined
+          : async () => (await d.accounts.user(user.id))?.passwordHash === password;
+      const refused = () =>
+        new ServiceError('invalid_credentials', {
+          message: 'The password has just been changed; sign in with the new one.',
+        });
       if (user.totpSecret) {
-        const challenge = await d.sessions.openChallenge(user.id);
+        const challenge = await d.sessions.openChallenge(user.id, stillValid);
+        if (!challenge) throw refused();
         void reply.setCookie(LOGIN, challenge.token, {
           ...COOKIE,
           maxAge: LOGIN_CHALLENGE_MS / 1000,
         });
         return '/login/2fa';
       }
-      await openSession(reply, user.id);
+      if (!(await openSession(reply, user.id, stillValid))) throw refused();
       return '/dashboard';
     };
 
@@ -277,7 +298,7 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       checkCsrf(r, csrf);
       const b = fields(r.body, ['email', 'password']);
       const user = await d.accounts.passwordLogin(b.email, b.password);
-      return { next: await afterFirstFactor(reply, user) };
+      return { next: await afterFirstFactor(reply, user, user.passwordHash ?? '') };
     });
 
     app.get('/login/2fa', async (r, reply) => {
@@ -307,8 +328,11 @@ export function dashboardRoutes(s: Services, d: Dashboard): FastifyPluginAsync {
       checkCsrf(r, c.csrfToken);
       const b = fields(r.body, ['code']);
       await d.accounts.checkCode(c.userId, b.code);
-      await d.sessions.closeChallenge(token);
-      await openSession(reply, c.userId);
+      // The challenge is taken after the session is written: ended meanwhile (a
+      // password change or reset), it takes the new session with it.
+      if (!(await openSession(reply, c.userId, () => d.sessions.takeChallenge(token)))) {
+        throw new ServiceError('login_expired');
+      }
       return { next: '/dashboard' };
     });
 

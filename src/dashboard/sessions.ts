@@ -19,7 +19,13 @@
  * Every session carries its CSRF token, which each page embeds in its
  * `csrf-token` meta tag and state-changing requests send back as X-CSRF-Token.
  * Password changes and resets end all of a user's sessions and pending
- * two-factor sign-ins (`closeAll`).
+ * two-factor sign-ins (`closeAll`). A sign-in that checked the old password or
+ * opened its challenge before the change must not come out of it with a session:
+ * `open` and `openChallenge` take a `stillValid` check made after their row is
+ * written (the password is the one checked; the challenge is still there to
+ * take), and delete the row again when it fails. Whatever order the statements
+ * of the two interleave in, either the check sees the change or `closeAll`
+ * deletes the new row.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { and, eq, lte } from 'drizzle-orm';
@@ -65,7 +71,8 @@ export class Sessions {
     private readonly clock: Clock,
   ) {}
 
-  async open(userId: string): Promise<Opened> {
+  /** A new session; null (and none left) when `stillValid`, asked after the row is in, says no. */
+  async open(userId: string, stillValid?: () => Promise<boolean>): Promise<Opened | null> {
     const now = this.clock.now();
     const token = newToken();
     const csrfToken = newToken();
@@ -81,6 +88,10 @@ export class Sessions {
       expiresAt,
       createdAt: new Date(now),
     });
+    if (stillValid && !(await stillValid())) {
+      await this.close(token);
+      return null;
+    }
     return { token, csrfToken, expiresAt };
   }
 
@@ -119,11 +130,14 @@ export class Sessions {
    * password changed.
    */
   async closeAll(userId: string): Promise<void> {
-    await this.db.delete(S).where(eq(S.userId, userId));
+    // Challenges first: a sign-in that still took its challenge (`takeChallenge`)
+    // had written its session before, so the delete of sessions after this sees it.
     await this.db.delete(C).where(eq(C.userId, userId));
+    await this.db.delete(S).where(eq(S.userId, userId));
   }
 
-  async openChallenge(userId: string): Promise<Opened> {
+  /** A new challenge; null (and none left) when `stillValid`, asked after the row is in, says no. */
+  async openChallenge(userId: string, stillValid?: () => Promise<boolean>): Promise<Opened | null> {
     const now = this.clock.now();
     const token = newToken();
     const csrfToken = newToken();
@@ -137,6 +151,10 @@ export class Sessions {
       expiresAt,
       createdAt: new Date(now),
     });
+    if (stillValid && !(await stillValid())) {
+      await this.closeChallenge(token);
+      return null;
+    }
     return { token, csrfToken, expiresAt };
   }
 
@@ -160,5 +178,14 @@ export class Sessions {
 
   async closeChallenge(token: string): Promise<void> {
     await this.db.delete(C).where(eq(C.tokenHash, tokenHash(token)));
+  }
+
+  /** Ends a challenge; false when it had already ended (a password change, another tab). */
+  async takeChallenge(token: string): Promise<boolean> {
+    const taken = await this.db
+      .delete(C)
+      .where(eq(C.tokenHash, tokenHash(token)))
+      .returning({ hash: C.tokenHash });
+    return taken.length === 1;
   }
 }

@@ -174,6 +174,28 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal((await rows()).length, 1, 'only the live session is kept');
   });
 
+  it('a sign-in whose password was checked just before an operator reset gets no session', async () => {
+    const id = await user(s, 'racing@example.com');
+    const v = new Visitor(s.url);
+    await v.page('/login');
+    // The reset lands between the password check and the session's opening.
+    const accounts = s.services.dashboard.accounts;
+    const login = accounts.passwordLogin.bind(accounts);
+    accounts.passwordLogin = async (email, password) => {
+      const u = await login(email, password);
+      const r = await s.admin('POST', `/users/${id}/password`, { password: 'set by the operator' });
+      assert.equal(r.status, 200, r.text);
+      return u;
+    };
+    const r = await v
+      .send('POST', '/login', { body: { email: 'racing@example.com', password: PASSWORD } })
+      .finally(() => {
+        accounts.passwordLogin = login;
+      });
+    assert.equal(r.status, 401, r.text);
+    assert.equal((await v.send('GET', '/dashboard')).status, 302, 'no session survives the reset');
+  });
+
   it('wrong passwords are rate limited per address: 10 in 15 minutes, then even the right one waits', async () => {
     await user(s, 'guess@example.com');
     const v = new Visitor(s.url);
@@ -428,6 +450,34 @@ describe('dashboard two-factor authentication', () => {
       assert.equal(errorCode(late), 'login_expired');
       assert.equal((await old.send('GET', '/dashboard')).status, 302);
     }
+  });
+
+  it('a code checked just before an operator reset opens no session', async () => {
+    const id = await user(s, 'racecode@example.com');
+    const v = new Visitor(s.url);
+    await v.login('racecode@example.com', PASSWORD);
+    const { secret } = await enable(v);
+    s.clock.advance(30_000);
+    const w = new Visitor(s.url);
+    assert.equal(await w.login('racecode@example.com', PASSWORD), '/login/2fa');
+    await w.page('/login/2fa');
+    // The reset lands between the code check and the session's opening.
+    const accounts = s.services.dashboard.accounts;
+    const check = accounts.checkCode.bind(accounts);
+    accounts.checkCode = async (userId, code) => {
+      const kind = await check(userId, code);
+      const r = await s.admin('POST', `/users/${id}/password`, { password: 'set by the operator' });
+      assert.equal(r.status, 200, r.text);
+      return kind;
+    };
+    const r = await w
+      .send('POST', '/login/2fa', { body: { code: totpCode(secret, s.clock.now()) } })
+      .finally(() => {
+        accounts.checkCode = check;
+      });
+    assert.equal(r.status, 401, r.text);
+    assert.equal(errorCode(r), 'login_expired');
+    assert.equal((await w.send('GET', '/dashboard')).status, 302, 'no session survives the reset');
   });
 
   it('wrong codes sent at once: still only 5 are checked', async () => {
