@@ -59,10 +59,16 @@ export function tokenHash(token: string): string {
   return createHash('sha256').update(token).digest('hex');
 }
 
-/** Constant-time equality of two tokens (CSRF). */
+/**
+ * Constant-time equality of two tokens (CSRF). The lengths compared are the
+ * bytes': a sent value with a character outside ASCII can be as long as the
+ * token in characters and longer in bytes, and timingSafeEqual throws on that.
+ */
 export function sameToken(a: string | undefined, b: string): boolean {
-  if (typeof a !== 'string' || a.length !== b.length) return false;
-  return timingSafeEqual(Buffer.from(a), Buffer.from(b));
+  if (typeof a !== 'string') return false;
+  const sent = Buffer.from(a);
+  const expected = Buffer.from(b);
+  return sent.length === expected.length && timingSafeEqual(sent, expected);
 }
 
 export class Sessions {

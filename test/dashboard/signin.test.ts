@@ -242,6 +242,22 @@ describe('dashboard sign-in and sessions', () => {
     assert.equal(login.status, 429);
   });
 
+  it('a token or signature with characters outside ASCII is refused, not a 500', async () => {
+    const v = new Visitor(s.url);
+    // As long as the real one in characters, longer in bytes.
+    const sig = `${'\u00e9'}${'x'.repeat(21)}`;
+    const page = await v.page(`/login?error=Hello&sig=${encodeURIComponent(sig)}`);
+    assert.equal(page.status, 200, page.text);
+    assert.ok(page.text.includes('The sign-in did not complete; try again.'));
+    const csrf = `${'\u00e9'}${v.csrf.slice(1)}`;
+    const r = await v.send('POST', '/login', {
+      body: { email: 'nobody@example.com', password: PASSWORD },
+      csrf,
+    });
+    assert.equal(r.status, 403, r.text);
+    assert.equal(errorCode(r), 'csrf_token_invalid');
+  });
+
   it('an unknown dashboard page is a page, with the dashboard’s headers', async () => {
     const v = new Visitor(s.url);
     const r = await v.send('GET', '/dashboard/nope', { headers: { accept: 'text/html' } });
