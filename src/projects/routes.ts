@@ -61,6 +61,21 @@ function isCapability(v: string): boolean {
   return (CAPABILITIES as readonly string[]).includes(v);
 }
 
+/** `?capability=tool_calling`: the one capability a list keeps (undefined: all). */
+function wantedCapability(want: string | string[] | undefined): string | undefined {
+  if (want !== undefined && (typeof want !== 'string' || !isCapability(want))) {
+    throw new ServiceError('invalid_value', {
+      message: `capability must be one of: ${CAPABILITIES.join(', ')}.`,
+      param: 'capability',
+    });
+  }
+  return want;
+}
+
+interface CapabilityQuery {
+  Querystring: { capability?: string | string[] };
+}
+
 interface ProjectParams {
   projectId: string;
 }
@@ -104,17 +119,11 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
 
     // `?capability=tool_calling` keeps the models with that capability (the
     // models an `x_exec` chat request can use).
-    app.get<{ Params: ProjectParams; Querystring: { capability?: string | string[] } }>(
+    app.get<{ Params: ProjectParams } & CapabilityQuery>(
       '/:projectId/v1/models',
       { preParsing: inference },
       async (request) => {
-        const want = request.query.capability;
-        if (want !== undefined && (typeof want !== 'string' || !isCapability(want))) {
-          throw new ServiceError('invalid_value', {
-            message: `capability must be one of: ${CAPABILITIES.join(', ')}.`,
-            param: 'capability',
-          });
-        }
+        const want = wantedCapability(request.query.capability);
         const models = await s.models.list(request.apiKey!.projectId);
         return {
           object: 'list',
@@ -230,12 +239,16 @@ export function projectRoutes(s: Services): FastifyPluginAsync {
       return s.models.findById(e.modelId);
     }
 
-    app.get<{ Params: ProjectParams & { endpointSlug: string } }>(
+    // `?capability=` filters here as on the project's list: an SDK configured with
+    // the endpoint's base URL asks this path which model can take `x_exec`.
+    app.get<{ Params: ProjectParams & { endpointSlug: string } } & CapabilityQuery>(
       '/:projectId/:endpointSlug/v1/models',
       { preParsing: inference },
       async (request) => {
+        const want = wantedCapability(request.query.capability);
         const m = await endpointModel(request.apiKey!, request.params.endpointSlug);
-        return { object: 'list', data: m ? [modelEntry(m)] : [] };
+        const keep = m !== null && (!want || m.capabilities.includes(want));
+        return { object: 'list', data: keep ? [modelEntry(m)] : [] };
       },
     );
 

@@ -200,6 +200,28 @@ describe('project read routes', () => {
     );
   });
 
+  it('an endpoint-scoped base URL filters its model list by ?capability, as the project list', async () => {
+    const sdk = new OpenAI({
+      baseURL: `${s.url}/${p.projectId}/main/v1`,
+      apiKey: p.key,
+      maxRetries: 0,
+    });
+    // The endpoint's model declares no capability: no model there can take `x_exec`.
+    const tools = await sdk.models.list({ query: { capability: 'tool_calling' } });
+    assert.deepEqual(tools.data, []);
+    const project = await s.call('GET', `/${p.projectId}/v1/models?capability=tool_calling`, {
+      key: p.key,
+    });
+    assert.deepEqual(project.body.data, []);
+    const bad = await s.call('GET', `/${p.projectId}/main/v1/models?capability=telepathy`, {
+      key: p.key,
+    });
+    assert.equal(bad.status, 400, bad.text);
+    const e = bad.body.error as Record<string, unknown>;
+    assert.equal(e.code, 'invalid_value');
+    assert.equal(e.param, 'capability');
+  });
+
   it('an endpoint-scoped base URL retrieves its model (SDK models.retrieve())', async () => {
     const sdk = new OpenAI({
       baseURL: `${s.url}/${p.projectId}/main/v1`,
