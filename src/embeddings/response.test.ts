@@ -103,6 +103,29 @@ describe('embeddings answers', () => {
       /float32/,
     );
     upstreamError(() => normalizeEmbeddings([], r, meta), /not an object/);
+    // A vector of another size than `dimensions` asked for, in either encoding.
+    for (const encoding_format of ['float', 'base64']) {
+      const short = parseEmbeddingsRequest({ input: ['a', 'b'], dimensions: 2, encoding_format });
+      upstreamError(
+        () => normalizeEmbeddings({ data: [{ embedding: v1 }, { embedding: v2 }] }, short, meta),
+        /data\[0\]\.embedding has 3 values for dimensions 2/,
+      );
+      upstreamError(
+        () =>
+          normalizeEmbeddings(
+            { data: [{ embedding: toBase64([1, 2]) }, { embedding: toBase64(v2) }] },
+            short,
+            meta,
+          ),
+        /data\[1\]\.embedding has 3 values for dimensions 2/,
+      );
+      const fit = normalizeEmbeddings(
+        { data: [{ embedding: [1, 0] }, { embedding: toBase64([0, 1]) }] },
+        short,
+        meta,
+      );
+      assert.equal((fit.response as { data: unknown[] }).data.length, 2);
+    }
     // Empty or malformed base64, whichever encoding the client asked for.
     const b64 = parseEmbeddingsRequest({ input: ['a', 'b'], encoding_format: 'base64' });
     for (const req of [r, b64]) {

@@ -3,7 +3,8 @@
  * vLLM adds `id`, `created` and `completion_tokens: 0`; llama.cpp's server answers
  * floats to a `base64` request and has no `/v1/score`; Cohere-style rerankers put
  * usage under `meta`. Anything that is not a usable answer (a count of vectors or
- * scores different from the inputs, a non-numeric score, an index out of range) is a
+ * scores different from the inputs, a vector of another size than `dimensions` asked
+ * for, a non-numeric score, an index out of range) is a
  * 502 `upstream_error`: a wrong answer must not pass for a right one.
  *
  * Token counts come from the worker's `usage`; without one, or with one larger than
@@ -98,6 +99,12 @@ export function normalizeEmbeddings(
     }
     if (out[index as number]) throw bad(`two embeddings for input ${String(index)}`);
     const v = vector(item.embedding, pos);
+    // A worker that ignores `dimensions` (llama.cpp's server does) sends the model's
+    // full vectors: the client asked for, and indexes by, that many values.
+    const size = typeof v === 'string' ? Buffer.byteLength(v, 'base64') / 4 : v.length;
+    if (r.dimensions !== null && size !== r.dimensions) {
+      throw bad(`data[${pos}].embedding has ${size} values for dimensions ${r.dimensions}`);
+    }
     let embedding: number[] | string;
     if (r.base64) embedding = typeof v === 'string' ? v : toBase64(v);
     else embedding = typeof v === 'string' ? fromBase64(v, pos) : v;

@@ -3,6 +3,7 @@
  * OpenAI SDK for embeddings, plain HTTP for rerank and score (the SDK has neither).
  */
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
 import { after, afterEach, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
@@ -12,6 +13,7 @@ import {
   startSimWorker,
   type SimWorker,
 } from '../../src/workers/sim/index.js';
+import { listenWorker } from '../support/fake-worker.js';
 import { inferenceFixture, until, type InferenceFixture } from '../support/inference.js';
 
 const CAPS = ['embeddings', 'rerank'];
@@ -352,6 +354,61 @@ describe('workers failing, saturated, slow', () => {
     }
     // sim-1 was tried and failed (not merely skipped).
     assert.ok(f.worker.stats().injectedFailures >= 1, 'sim-1 never picked');
+  });
+
+  it('a worker that ignores dimensions (llama.cpp) is 502, not vectors of another size', async () => {
+    f = await inferenceFixture({ capabilities: CAPS });
+    // The full vector whatever `dimensions` said, floats to a base64 request, as
+    // llama.cpp's server answers.
+    const server = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        const inputs = [(JSON.parse(body) as { input: string | string[] }).input].flat();
+        res.setHeader('content-type', 'application/json');
+        res.end(
+          JSON.stringify({
+            object: 'list',
+            data: inputs.map((t, index) => ({
+              object: 'embedding',
+              index,
+              embedding: embedText(t),
+            })),
+            usage: { prompt_tokens: 2, total_tokens: 2 },
+          }),
+        );
+      });
+    });
+    const llama = await listenWorker(server);
+    try {
+      const reg = await f.server.admin('POST', '/workers', {
+        model: 'sim-model',
+        tier: 'cpu',
+        url: llama.url,
+        id: 'llama-1',
+      });
+      assert.equal(reg.status, 201, reg.text);
+      // sim-1 honours dimensions: out of the way, so that llama-1 answers.
+      f.worker.setFailMode({ kind: 'status', status: 503 });
+      const r = await post(f, '/embeddings', { input: 'hello', dimensions: 8 });
+      assert.equal(r.status, 502, JSON.stringify(r.body));
+      assert.equal(r.body.error.code, 'upstream_error');
+      assert.match(r.body.error.message, /64 values for dimensions 8/);
+      const sdk = await f.client.embeddings
+        .create({ model: 'x', input: ['a', 'b'], dimensions: 8 })
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
+      assert.ok(sdk instanceof OpenAI.APIError && sdk.status === 502, String(sdk));
+      // Without dimensions the full vector is the answer.
+      const full = await post(f, '/embeddings', { input: 'hello' });
+      assert.equal(full.status, 200, JSON.stringify(full.body));
+      assert.equal(full.headers.get('x-service-worker-id'), 'llama-1');
+    } finally {
+      f.worker.setFailMode(null);
+      await llama.close();
+    }
   });
 
   it('a lone worker’s 5xx is 502 upstream_error; its 429 is 429 capacity_exceeded', async () => {
