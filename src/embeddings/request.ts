@@ -136,6 +136,17 @@ function invalid(
   return new ServiceError(code, { message: `Invalid '${param}': ${what}.`, param });
 }
 
+/**
+ * The body without the optional fields a client sent as null: they mean absent here,
+ * and the worker gets its default rather than a null it refuses (vLLM's request
+ * models type `encoding_format` and `top_n` without one: a 400).
+ */
+function withoutNulls(d: object, fields: readonly string[]): Record<string, unknown> {
+  const body: Record<string, unknown> = { ...d };
+  for (const f of fields) if (body[f] === null) delete body[f];
+  return body;
+}
+
 export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
   const input = (body as { input?: unknown } | null)?.input;
   if (body !== null && typeof body === 'object' && !Array.isArray(body)) {
@@ -150,7 +161,7 @@ export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
   else if (typeof raw[0] === 'string') inputs = (raw as string[]).map((text) => ({ text }));
   else inputs = (raw as number[][]).map((ids) => ({ ids }));
   return {
-    body: d as Record<string, unknown>,
+    body: withoutNulls(d, ['encoding_format', 'dimensions']),
     inputs,
     base64: d.encoding_format === 'base64',
     dimensions: d.dimensions ?? null,
@@ -207,7 +218,7 @@ export function parseRerankRequest(body: unknown): RerankRequest {
   const documents = d.documents.map((x) => (typeof x === 'string' ? x : x.text));
   return {
     // Workers take plain strings (vLLM's documents are strings or multimodal parts).
-    body: { ...(d as Record<string, unknown>), documents },
+    body: { ...withoutNulls(d, ['top_n', 'return_documents']), documents },
     query: d.query,
     documents,
     topN: d.top_n ?? null,

@@ -151,6 +151,18 @@ describe('embeddings with the OpenAI SDK', () => {
     }
   });
 
+  it('takes null for an optional field as its absence; the worker (vLLM) sees no null', async () => {
+    const r = await post(f, '/embeddings', {
+      input: 'hello world',
+      encoding_format: null,
+      dimensions: null,
+      user: null,
+    });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const data = (r.body as unknown as { data: Array<{ embedding: number[] }> }).data;
+    assert.deepEqual(data[0]!.embedding, embedText('hello world'));
+  });
+
   it('checks the key before the body: no key and bad JSON is 401', async () => {
     const r = await post(f, '/embeddings', null, { key: null, raw: '{"input": ' });
     assert.equal(r.status, 401);
@@ -247,6 +259,18 @@ describe('rerank and score', () => {
     }
     const score = await post(f, '/../score', { text_1: 'cat', text_2: 'cat' });
     assert.deepEqual(score.body.data, [{ index: 0, object: 'score', score: 1 }]);
+  });
+
+  it('takes null top_n and return_documents as their absence', async () => {
+    const r = await post(f, '/rerank', {
+      query: 'cat',
+      documents: ['a cat', 'a dog'],
+      top_n: null,
+      return_documents: null,
+    });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.results.length, 2);
+    assert.ok(r.body.results.every((x) => x.document !== undefined));
   });
 
   it('rejects bad rerank requests with the field named', async () => {

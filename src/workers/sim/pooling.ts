@@ -161,7 +161,8 @@ export function checkEmbeddings(
   else if (Array.isArray(raw) && raw.length > 0 && raw.every(isTokenList))
     inputs = raw.map((ids) => ({ kind: 'tokens', ids }));
   else return bad('input must be a string, a list of strings or token ids', 'input');
-  const format = body.encoding_format ?? 'float';
+  // As vLLM's request model: absent is the default, null is not a format.
+  const format = body.encoding_format === undefined ? 'float' : body.encoding_format;
   if (format !== 'float' && format !== 'base64') {
     return bad("encoding_format must be 'float' or 'base64'", 'encoding_format');
   }
@@ -211,7 +212,8 @@ export function checkRerank(body: unknown, style: ErrorStyle): Checked<RerankJob
   if (!isStringList(body.documents) || body.documents.length === 0) {
     return bad('documents must be a non-empty list of strings', 'documents');
   }
-  const topN = body.top_n ?? 0;
+  // As vLLM's request model: absent is 0 (all), null is not a count.
+  const topN = body.top_n === undefined ? 0 : body.top_n;
   if (!Number.isInteger(topN) || (topN as number) < 0) {
     return bad('top_n must be a non-negative integer', 'top_n');
   }
