@@ -56,7 +56,8 @@ function page(q: Query) {
 
 function listOptions(q: Query): ListOptions {
   const fields = parseField(listQueryFields, q);
-  const filters: Record<string, string> = {};
+  // No prototype: `metadata[__proto__]=v` is a key like any other, not a lost one.
+  const filters: Record<string, string> = Object.create(null) as Record<string, string>;
   for (const [k, v] of Object.entries(q)) {
     if (!k.startsWith('metadata')) continue;
     const m = METADATA_FILTER.exec(k);

@@ -443,6 +443,18 @@ describe('stored chat completions', () => {
     }
   });
 
+  it('a metadata filter on the key __proto__ is a filter like any other', async () => {
+    await create('proto', { metadata: { kind: 'proto' } });
+    await f.server.services.completions.flush();
+    const res = await fetch(`${f.baseURL}/chat/completions?metadata%5B__proto__%5D=x`, {
+      headers: { authorization: `Bearer ${f.key}` },
+    });
+    assert.equal(res.status, 200);
+    // No completion has that pair: none is listed (not every one, as without a filter).
+    const page = (await res.json()) as { data: unknown[]; has_more: boolean };
+    assert.deepEqual([page.data.length, page.has_more], [0, false]);
+  });
+
   it('stores a completion with U+0000 in it, as U+FFFD', async () => {
     const c = await create('a\u0000b', { metadata: { k: 'x\u0000y' } });
     await f.server.services.completions.flush();
