@@ -13,7 +13,7 @@ export const RESPONSE_BODY_LIMIT = 1024;
 
 export interface SendResult {
   status: number;
-  /** First 1 KiB of the response body (UTF-8, a split character replaced). */
+  /** First 1 KiB of the response body (UTF-8, a character split by the limit left out). */
   body: string;
 }
 
@@ -61,7 +61,24 @@ export class HttpSender implements Sender {
       // connection is kept as far as it came.
       res.body.destroy();
     }
-    const text = Buffer.concat(chunks).subarray(0, RESPONSE_BODY_LIMIT).toString('utf8');
+    const text = utf8Prefix(Buffer.concat(chunks), RESPONSE_BODY_LIMIT).toString('utf8');
     return { status: res.statusCode, body: text };
   }
+}
+
+/**
+ * The first `limit` bytes of `b` without a character the limit splits. Decoding a
+ * split character gives U+FFFD, which the receiver never sent, and whose 3 bytes
+ * fit in the limit when 3 of a 4-byte character's did, so cutting the decoded text
+ * again would keep it. Checked from `limit` bytes on: the read stops there, so a
+ * body of exactly `limit` bytes may be cut off too.
+ */
+export function utf8Prefix(b: Buffer, limit: number): Buffer {
+  if (b.length < limit) return b;
+  // The last character's lead byte: at most 3 continuation bytes (10xxxxxx) back.
+  let lead = limit - 1;
+  while (lead > 0 && lead > limit - 4 && (b[lead]! & 0xc0) === 0x80) lead--;
+  const first = b[lead]!;
+  const size = first >= 0xf0 ? 4 : first >= 0xe0 ? 3 : first >= 0xc0 ? 2 : 1;
+  return b.subarray(0, lead + size > limit ? lead : limit);
 }

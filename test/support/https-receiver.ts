@@ -22,7 +22,15 @@ export interface ReceivedRequest {
  * body, then the connection is reset.
  */
 export type Behaviour =
-  'ok' | 'fail' | 'hang' | 'reset' | 'redirect' | 'ok-unfinished' | 'ok-reset';
+  | 'ok'
+  | 'fail'
+  | 'hang'
+  | 'reset'
+  | 'redirect'
+  | 'ok-unfinished'
+  | 'ok-reset'
+  /** This status and exactly these body bytes. */
+  | { status: number; body: Buffer };
 
 export interface Receiver {
   url: string;
@@ -95,6 +103,10 @@ export async function startReceiver(): Promise<Receiver> {
     const answer = (b: Behaviour) => {
       // A delayed answer to a sender that went away meanwhile: nobody to answer.
       if (res.destroyed || req.socket.destroyed) return;
+      if (typeof b === 'object') {
+        res.writeHead(b.status, { 'content-type': 'text/plain; charset=utf-8' }).end(b.body);
+        return;
+      }
       switch (b) {
         case 'ok':
           res.writeHead(200, { 'content-type': 'text/plain' }).end('thanks');
