@@ -50,6 +50,16 @@ export function truncateUtf8(s: string, limit = RESPONSE_BODY_LIMIT): string {
   return b.subarray(0, end).toString('utf8');
 }
 
+/**
+ * The answer's text as PostgreSQL's text holds it: a U+0000 would fail the write of
+ * the attempt's outcome (a 2xx lost, the delivery retried as if never answered), so
+ * it is kept as U+FFFD, as a worker's answer is (src/store/storable.ts). Before the
+ * 1 KiB cut: U+FFFD is 3 bytes.
+ */
+function storableBody(s: string): string {
+  return s.includes('\u0000') ? s.replaceAll('\u0000', '\uFFFD') : s;
+}
+
 export const RETRY_DELAYS_MS = [60_000, 300_000, 900_000, 3_600_000, 14_400_000] as const;
 export const MAX_ATTEMPTS = RETRY_DELAYS_MS.length + 1;
 export const ATTEMPT_TIMEOUT_MS = 30_000;
@@ -347,7 +357,7 @@ export class Dispatcher {
       return {
         success: ok,
         httpStatus: res.status,
-        responseBody: truncateUtf8(res.body),
+        responseBody: truncateUtf8(storableBody(res.body)),
         error: ok ? null : `HTTP ${res.status}`,
         durationMs: this.clock.now() - started,
       };
