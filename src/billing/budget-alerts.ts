@@ -22,6 +22,8 @@ const { budgetAlerts: B, usageRecords: U, projects: P } = tables;
 
 export const BUDGET_EVENT = 'budget.threshold_reached';
 const MICROCENTS_PER_CENT = 1_000_000;
+/** An alert id: PostgreSQL refuses other strings of hex digits and dashes (a 500, not a 404). */
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 const createBody = z
   .object({
@@ -121,7 +123,7 @@ export class BudgetAlerts {
   }
 
   async remove(projectId: string, id: string) {
-    const rows = /^[0-9a-f-]{36}$/i.test(id)
+    const rows = UUID.test(id)
       ? await this.db
           .delete(B)
           .where(and(eq(B.projectId, projectId), eq(B.id, id)))

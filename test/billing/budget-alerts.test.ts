@@ -123,6 +123,35 @@ describe('budget alerts', () => {
   });
 });
 
+describe('budget alert ids', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await pricedFixture([]);
+  });
+  after(() => f.close());
+
+  it('DELETE of an id that is not a UUID is 404 budget_alert_not_found, never a 500', async () => {
+    const created = await f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
+      key: f.key,
+      body: { name: 'kept', budget_amount_cents: 100 },
+    });
+    assert.equal(created.status, 201, created.text);
+    // UUID-length strings of hex digits and dashes that PostgreSQL's uuid type refuses.
+    for (const id of ['-'.repeat(36), 'a'.repeat(36), `${String(created.body.id).slice(0, 35)}-`]) {
+      const r = await f.server.call('DELETE', `/${f.projectId}/v1/budget_alerts/${id}`, {
+        key: f.key,
+      });
+      assert.equal(r.status, 404, r.text);
+      assert.equal((r.body.error as { code: string }).code, 'budget_alert_not_found');
+    }
+    const list = await f.server.call('GET', `/${f.projectId}/v1/budget_alerts`, { key: f.key });
+    assert.deepEqual(
+      (list.body.data as Array<{ id: string }>).map((a) => a.id),
+      [created.body.id],
+    );
+  });
+});
+
 describe('budget alerts of projects without alerts', () => {
   let f: InferenceFixture;
   const sent: Array<{ headers: Record<string, string>; body: string }> = [];
