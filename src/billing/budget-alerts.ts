@@ -1,14 +1,15 @@
 /**
  * Budget alerts: a monthly budget with thresholds (percent). After each usage
  * flush the projects that spent are evaluated; each threshold crossed for the
- * first time in the current UTC month fires once: a delivery of the spec's
+ * first time in the current UTC month (or, early in a month, by the month before's
+ * late-written usage: `periods`) fires once: a delivery of the spec's
  * legacy, un-enveloped body to the project's webhook endpoints subscribed to
  * `budget.threshold_reached`, signed like every delivery. The event and the
  * "fired" mark are written in one transaction (outbox), so a threshold fires
  * exactly once per month however many instances evaluate concurrently.
  */
 import { randomUUID } from 'node:crypto';
-import { and, asc, eq, gte, sql } from 'drizzle-orm';
+import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { eventId, insertEvent } from '../events/outbox.js';
@@ -69,6 +70,12 @@ const PRESENCE_TTL_MS = 5_000;
  * for nothing. A batch inside the interval schedules one evaluation at its end.
  */
 const EVAL_INTERVAL_MS = 1_000;
+/**
+ * How long into a month the month before is still judged: usage is dated by its
+ * request's start and reaches the database after the request ends (self_hosted requests
+ * run up to 30 minutes), batched, and later still after a database outage.
+ */
+const LATE_USAGE_MS = 2 * 3_600_000;
 
 export class BudgetAlerts {
   /**
@@ -184,57 +191,90 @@ export class BudgetAlerts {
 
   private async evaluateProject(projectId: string): Promise<number> {
     const nowMs = this.clock.now();
-    const month = monthKey(nowMs);
     return this.db.transaction(async (tx) => {
       const alerts = await tx.select().from(B).where(eq(B.projectId, projectId)).for('update');
       this.known(projectId, alerts.length > 0);
       if (alerts.length === 0) return 0;
-      const [spend] = await tx
-        .select({ micro: sql<string>`coalesce(sum(${U.costMicrocents}), 0)` })
-        .from(U)
-        .where(and(eq(U.projectId, projectId), gte(U.createdAt, monthStart(nowMs))));
-      // Crossings are judged on the exact spend (micro-cents), not on whole cents: a
-      // small budget would otherwise cross late and report a rounded percentage.
-      // `currentSpendCents` is an integer (spec), whole cents spent.
-      const spentMicro = Number(spend?.micro ?? 0);
-      const spentCents = Math.floor(spentMicro / MICROCENTS_PER_CENT);
       const [project] = await tx.select({ name: P.name }).from(P).where(eq(P.id, projectId));
+      /** Each alert's fired marks as updated here. */
+      const fired = new Map<string, Row['fired']>();
       let n = 0;
-      for (const a of alerts) {
-        const pct = (spentMicro / (a.budgetAmountCents * MICROCENTS_PER_CENT)) * 100;
-        const done = new Set(a.fired[month] ?? []);
-        const crossed = a.thresholds.filter((t) => pct >= t && !done.has(t));
-        for (const threshold of crossed) {
-          const body = JSON.stringify({
-            eventType: BUDGET_EVENT,
-            alertId: a.id,
-            alertName: a.name,
-            projectId,
-            projectName: project?.name ?? '',
-            threshold,
-            currentSpendCents: spentCents,
-            budgetAmountCents: a.budgetAmountCents,
-            spendPercentage: Math.round(pct * 100) / 100,
-            timestamp: new Date(nowMs).toISOString(),
-          });
-          await insertEvent(tx, {
-            id: eventId(),
-            projectId,
-            type: BUDGET_EVENT,
-            body,
-            now: new Date(nowMs),
-          });
-          done.add(threshold);
-          n++;
+      for (const period of periods(nowMs)) {
+        // The alerts with a threshold still to fire in the period (a month that ended
+        // only for those that existed in it).
+        const open = alerts.filter(
+          (a) =>
+            (period.end === null || a.createdAt < period.end) &&
+            a.thresholds.some((t) => !(a.fired[period.month] ?? []).includes(t)),
+        );
+        if (open.length === 0) continue;
+        const [spend] = await tx
+          .select({ micro: sql<string>`coalesce(sum(${U.costMicrocents}), 0)` })
+          .from(U)
+          .where(
+            and(
+              eq(U.projectId, projectId),
+              gte(U.createdAt, period.start),
+              period.end === null ? undefined : lt(U.createdAt, period.end),
+            ),
+          );
+        // Crossings are judged on the exact spend (micro-cents), not on whole cents: a
+        // small budget would otherwise cross late and report a rounded percentage.
+        // `currentSpendCents` is an integer (spec), whole cents spent.
+        const spentMicro = Number(spend?.micro ?? 0);
+        const spentCents = Math.floor(spentMicro / MICROCENTS_PER_CENT);
+        for (const a of open) {
+          const pct = (spentMicro / (a.budgetAmountCents * MICROCENTS_PER_CENT)) * 100;
+          const marks = fired.get(a.id) ?? a.fired;
+          const done = new Set(marks[period.month] ?? []);
+          const crossed = a.thresholds.filter((t) => pct >= t && !done.has(t));
+          for (const threshold of crossed) {
+            const body = JSON.stringify({
+              eventType: BUDGET_EVENT,
+              alertId: a.id,
+              alertName: a.name,
+              projectId,
+              projectName: project?.name ?? '',
+              threshold,
+              currentSpendCents: spentCents,
+              budgetAmountCents: a.budgetAmountCents,
+              spendPercentage: Math.round(pct * 100) / 100,
+              timestamp: new Date(nowMs).toISOString(),
+            });
+            await insertEvent(tx, {
+              id: eventId(),
+              projectId,
+              type: BUDGET_EVENT,
+              body,
+              now: new Date(nowMs),
+            });
+            done.add(threshold);
+            n++;
+          }
+          if (crossed.length > 0) {
+            fired.set(a.id, { ...marks, [period.month]: [...done].sort((x, y) => x - y) });
+          }
         }
-        if (crossed.length > 0) {
-          await tx
-            .update(B)
-            .set({ fired: { ...a.fired, [month]: [...done].sort((x, y) => x - y) } })
-            .where(eq(B.id, a.id));
-        }
+      }
+      for (const [id, marks] of fired) {
+        await tx.update(B).set({ fired: marks }).where(eq(B.id, id));
       }
       return n;
     });
   }
+}
+
+/**
+ * The months whose spend an evaluation at `nowMs` judges: the current one, and, early in
+ * a month, the one before it. A request's usage carries its start time, so a request
+ * started in a month's last moments is that month's spend, yet is written (and its
+ * project evaluated) in the next: judged only on the new month, its crossing of the old
+ * month's thresholds was never reported.
+ */
+function periods(nowMs: number): Array<{ month: string; start: Date; end: Date | null }> {
+  const start = monthStart(nowMs);
+  const current = { month: monthKey(nowMs), start, end: null };
+  if (nowMs - start.getTime() >= LATE_USAGE_MS) return [current];
+  const previous = monthStart(start.getTime() - 1);
+  return [{ month: monthKey(previous.getTime()), start: previous, end: start }, current];
 }

@@ -15,6 +15,7 @@ import { inferenceFixture, type InferenceFixture } from '../support/inference.js
 /** A priced endpoint whose webhook deliveries are collected in `sent` instead of sent. */
 function pricedFixture(
   sent: Array<{ headers: Record<string, string>; body: string }>,
+  env?: Record<string, string>,
 ): Promise<InferenceFixture> {
   const sender: Sender = {
     async send(_url, headers, body) {
@@ -26,6 +27,7 @@ function pricedFixture(
     prices: [100_000, 100_000],
     creditCents: 10_000,
     keyScopes: ['inference', 'management'],
+    ...(env ? { env } : {}),
     deps: {
       webhookSender: sender,
       webhookResolver: async () => [{ address: '93.184.215.14', family: 4 }],
@@ -149,6 +151,61 @@ describe('budget alert ids', () => {
       (list.body.data as Array<{ id: string }>).map((a) => a.id),
       [created.body.id],
     );
+  });
+});
+
+describe('budget alerts at the end of a month', () => {
+  let f: InferenceFixture;
+  const sent: Array<{ headers: Record<string, string>; body: string }> = [];
+  before(async () => {
+    // Usage is written only when the test flushes it.
+    f = await pricedFixture(sent, { SWITCHYARD_USAGE_FLUSH_MS: '3600000' });
+  });
+  after(() => f.close());
+
+  it("a crossing by requests of the month's last moments fires for that month, even when evaluated in the next", async () => {
+    const hook = await f.server.call('POST', `/${f.projectId}/v1/webhooks`, {
+      key: f.key,
+      body: { url: 'https://hooks.example.com/b', events: ['budget.threshold_reached'] },
+    });
+    assert.equal(hook.status, 201, hook.text);
+    const alert = await f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
+      key: f.key,
+      body: { name: 'month end', budget_amount_cents: 1, thresholds: [100] },
+    });
+    assert.equal(alert.status, 201, alert.text);
+    // A request that starts in the last second of November: its usage (and its cost)
+    // belong to November, but the batch with it is written, and evaluated, in December.
+    const monthEnd = Date.UTC(2026, 11, 1);
+    f.server.clock.advance(monthEnd - 500 - f.server.clock.now());
+    const r = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'spend' }],
+      max_tokens: 4,
+    });
+    const cents = Math.floor((r.usage!.total_tokens * 100_000) / 1_000_000);
+    assert.ok(cents >= 1, `spent ${cents} cents`);
+    f.server.clock.advance(1_000);
+    await f.server.services.usage.flush();
+    await f.server.services.dispatcher.tick();
+    assert.equal(sent.length, 1, "November's crossing was never reported");
+    const body = JSON.parse(sent[0]!.body) as Record<string, unknown>;
+    assert.equal(body.alertId, alert.body.id);
+    assert.equal(body.threshold, 100);
+    assert.equal(body.currentSpendCents, cents);
+    // Reported once: December's own spend starts from nothing.
+    const dec = await f.client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'december' }],
+      max_tokens: 1,
+    });
+    f.server.clock.advance(1_001);
+    await f.server.services.usage.flush();
+    await f.server.services.dispatcher.tick();
+    const decExact = (dec.usage!.total_tokens * 100_000) / 1_000_000;
+    const bodies = sent.map((s) => JSON.parse(s.body) as { currentSpendCents: number });
+    assert.equal(bodies.length, decExact >= 1 ? 2 : 1);
+    if (decExact >= 1) assert.equal(bodies[1]!.currentSpendCents, Math.floor(decExact));
   });
 });
 
