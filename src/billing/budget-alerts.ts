@@ -84,12 +84,16 @@ export class BudgetAlerts {
    * alerts: without this, each batch opened a transaction per project to find none.
    * An alert created through another instance is seen here within the TTL; its
    * thresholds are then checked against the month's whole spend, so a crossing is
-   * reported late by at most that, never missed.
+   * reported late by at most that, never missed: a batch skipped on the strength of
+   * "no alerts" schedules one evaluation at the TTL's end (`rechecks`), without which
+   * a crossing by a project's last batch before it went quiet was never reported.
    */
   private readonly presence = new Map<string, { has: boolean; until: number }>();
   private readonly lastEval = new Map<string, number>();
   /** Evaluations deferred to the end of their project's interval. */
   private readonly due = new Map<string, Timer>();
+  /** Evaluations at the end of a cached "no alerts" of a project that spent meanwhile. */
+  private readonly rechecks = new Map<string, Timer>();
   /** Called when a deferred evaluation fired events (the webhook dispatcher's poke). */
   onFired: (() => void) | null = null;
 
@@ -149,18 +153,13 @@ export class BudgetAlerts {
     for (const projectId of projectIds) {
       const now = this.clock.now();
       const seen = this.presence.get(projectId);
-      if (seen && !seen.has && seen.until > now) continue;
+      if (seen && !seen.has && seen.until > now) {
+        this.later(this.rechecks, projectId, seen.until - now);
+        continue;
+      }
       const last = this.lastEval.get(projectId);
       if (last !== undefined && now - last < EVAL_INTERVAL_MS) {
-        if (!this.due.has(projectId)) {
-          const timer = this.clock.setTimer(last + EVAL_INTERVAL_MS - now, () => {
-            this.due.delete(projectId);
-            void this.evaluate([projectId]).then((n) => {
-              if (n > 0) this.onFired?.();
-            });
-          });
-          this.due.set(projectId, timer);
-        }
+        this.later(this.due, projectId, last + EVAL_INTERVAL_MS - now);
         continue;
       }
       fired += await this.evaluateNow(projectId);
@@ -168,8 +167,26 @@ export class BudgetAlerts {
     return fired;
   }
 
-  /** Runs the deferred evaluations now (a graceful stop, before the store closes). */
+  /** Evaluates the project in `delayMs`, unless `timers` already holds an evaluation of it. */
+  private later(timers: Map<string, Timer>, projectId: string, delayMs: number): void {
+    if (timers.has(projectId)) return;
+    const timer = this.clock.setTimer(delayMs, () => {
+      timers.delete(projectId);
+      void this.evaluate([projectId]).then((n) => {
+        if (n > 0) this.onFired?.();
+      });
+    });
+    timers.set(projectId, timer);
+  }
+
+  /**
+   * Runs the deferred evaluations now (a graceful stop, before the store closes). The
+   * rechecks of projects without alerts are dropped: they are for alerts that another
+   * instance created in the last seconds, and would cost one transaction per project.
+   */
   async close(): Promise<number> {
+    for (const t of this.rechecks.values()) t.cancel();
+    this.rechecks.clear();
     const projects = [...this.due.keys()];
     for (const t of this.due.values()) t.cancel();
     this.due.clear();

@@ -280,3 +280,55 @@ describe('budget alerts of projects without alerts', () => {
     assert.equal(body.threshold, 100);
   });
 });
+
+describe('budget alerts created through another instance', () => {
+  let f: InferenceFixture;
+  const sent: Array<{ headers: Record<string, string>; body: string }> = [];
+  before(async () => {
+    f = await pricedFixture(sent);
+  });
+  after(() => f.close());
+
+  it('a crossing by the last batch before the project goes quiet is reported when the cached "no alerts" ends', async () => {
+    const hook = await f.server.call('POST', `/${f.projectId}/v1/webhooks`, {
+      key: f.key,
+      body: { url: 'https://hooks.example.com/b', events: ['budget.threshold_reached'] },
+    });
+    assert.equal(hook.status, 201, hook.text);
+    const spend = async () => {
+      await f.client.chat.completions.create({
+        model: 'x',
+        messages: [{ role: 'user', content: 'spend' }],
+        max_tokens: 4,
+      });
+      await f.server.services.usage.flush();
+      await f.server.services.dispatcher.tick();
+    };
+    await spend(); // read: no alerts, trusted for 5 s
+    const [p] = await f.server.services.store.db
+      .select({ id: tables.projects.id })
+      .from(tables.projects)
+      .where(eq(tables.projects.externalId, f.projectId));
+    await f.server.services.store.db.insert(tables.budgetAlerts).values({
+      id: randomUUID(),
+      projectId: p!.id,
+      name: 'elsewhere',
+      budgetAmountCents: 1,
+      thresholds: [50],
+      fired: {},
+      createdAt: new Date(f.server.clock.now()),
+    });
+    await spend(); // the project's last batch: judged on the cached "no alerts"
+    assert.equal(sent.length, 0);
+    // No more spend: the end of the 5 s alone brings the evaluation.
+    f.server.clock.advance(5_000);
+    for (let i = 0; i < 100 && sent.length < 1; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      await f.server.services.dispatcher.tick();
+    }
+    assert.equal(sent.length, 1, 'the crossing was not reported without further spend');
+    const body = JSON.parse(sent[0]!.body) as { alertName: string; threshold: number };
+    assert.equal(body.alertName, 'elsewhere');
+    assert.equal(body.threshold, 50);
+  });
+});
