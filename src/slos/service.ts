@@ -303,24 +303,31 @@ export class SloService {
   }
 
   async update(scope: SloScope, id: string, raw: unknown) {
-    const [row] = ID.test(id) ? await this.rows(scope, eq(S.externalId, id)) : [];
-    if (!row) throw new ServiceError('slo_not_found', { param: 'slo_id' });
+    const [found] = ID.test(id) ? await this.rows(scope, eq(S.externalId, id)) : [];
+    if (!found) throw new ServiceError('slo_not_found', { param: 'slo_id' });
     const body = parseBody(updateBody, raw);
-    const ttft = body.ttft_ms === undefined ? row.ttftMs : body.ttft_ms;
-    const tpot = body.tpot_ms === undefined ? row.tpotMs : body.tpot_ms;
-    if (ttft === null && tpot === null) noTarget();
-    await this.db
-      .update(S)
-      .set({
-        ttftMs: ttft,
-        tpotMs: tpot,
-        ...(body.name !== undefined ? { name: body.name } : {}),
-        ...(body.objective !== undefined ? { objective: body.objective } : {}),
-        ...(body.window_seconds !== undefined ? { windowSeconds: body.window_seconds } : {}),
-        updatedAt: new Date(this.clock.now()),
-      })
-      .where(eq(S.id, row.id));
-    await this.changed(row.endpointId);
+    await this.db.transaction(async (tx) => {
+      // Read again under a row lock: of two PATCHes at once, the second works from the
+      // first's result, so neither writes back a field the other changed, and the SLO
+      // cannot lose its last target to two PATCHes each clearing one.
+      const [row] = await tx.select().from(S).where(eq(S.id, found.id)).for('update');
+      if (!row) throw new ServiceError('slo_not_found', { param: 'slo_id' });
+      const ttft = body.ttft_ms === undefined ? row.ttftMs : body.ttft_ms;
+      const tpot = body.tpot_ms === undefined ? row.tpotMs : body.tpot_ms;
+      if (ttft === null && tpot === null) noTarget();
+      await tx
+        .update(S)
+        .set({
+          ttftMs: ttft,
+          tpotMs: tpot,
+          ...(body.name !== undefined ? { name: body.name } : {}),
+          ...(body.objective !== undefined ? { objective: body.objective } : {}),
+          ...(body.window_seconds !== undefined ? { windowSeconds: body.window_seconds } : {}),
+          updatedAt: new Date(this.clock.now()),
+        })
+        .where(eq(S.id, row.id));
+    });
+    await this.changed(found.endpointId);
     return this.get(scope, id);
   }
 

@@ -516,6 +516,36 @@ for (const driver of drivers()) {
       assert.equal(empty.met_objective, null);
     });
 
+    it('PATCHes at once each change only their own fields, and never leave the SLO without a target', async () => {
+      for (let i = 0; i < 10; i++) {
+        s.clock.advance(2 * MINUTE); // the management limit starts afresh
+        const c = await call('POST', slos('main'), { ttft_ms: 100, tpot_ms: 10 });
+        assert.equal(c.status, 201, c.text);
+        const path = `${slos()}/${String(c.body.id)}`;
+        const both = await Promise.all([
+          call('PATCH', path, { ttft_ms: 50 }),
+          call('PATCH', path, { name: 'renamed' }),
+        ]);
+        for (const r of both) assert.equal(r.status, 200, r.text);
+        const got = await call('GET', path);
+        assert.equal(got.body.ttft_ms, 50, `round ${i}: the rename undid the new target`);
+        assert.equal(got.body.name, 'renamed');
+        // Each clears one target: the second to apply is refused, one target remains.
+        const cleared = await Promise.all([
+          call('PATCH', path, { ttft_ms: null }),
+          call('PATCH', path, { tpot_ms: null }),
+        ]);
+        assert.deepEqual(cleared.map((r) => r.status).sort(), [200, 400], cleared[1]!.text);
+        const left = await call('GET', path);
+        assert.equal(
+          [left.body.ttft_ms, left.body.tpot_ms].filter((t) => t !== null).length,
+          1,
+          left.text,
+        );
+        assert.equal((await call('DELETE', path)).status, 200);
+      }
+    });
+
     it('targets(): the tightest targets of the endpoint, cached, refreshed on change', async () => {
       s.clock.advance(2 * MINUTE);
       const ep = await addEndpoint('routed');
