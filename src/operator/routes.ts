@@ -200,6 +200,14 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       const p = await project(request.params.project);
       // Every field is optional: no body changes nothing.
       const body = parseBody(patchProjectBody, request.body ?? {});
+      if (body.credit_cents !== undefined && body.add_credit_cents !== undefined) {
+        // One would silently win over the other (the top-up did, dropping the new credit).
+        throw new ServiceError('invalid_body', {
+          message:
+            "Give either 'credit_cents' (sets the credit) or 'add_credit_cents' (adds to it), not both.",
+          param: 'add_credit_cents',
+        });
+      }
       const updated = await s.projects.update(p.id, {
         name: body.name,
         creditCents: body.credit_cents,

@@ -103,6 +103,22 @@ describe('operator API audit', () => {
     assert.equal((await s.admin('GET', '/projects/rich')).body.name, 'x');
   });
 
+  it('PATCH with both credit_cents and add_credit_cents is 400 and changes nothing', async () => {
+    const p = await s.admin('POST', '/projects', { slug: 'both', name: 'x', credit_cents: 100 });
+    assert.equal(p.status, 201, p.text);
+    const r = await s.admin('PATCH', '/projects/both', {
+      name: 'y',
+      credit_cents: 500,
+      add_credit_cents: 5,
+    });
+    assert.equal(r.status, 400, r.text);
+    assert.equal(err(r).code, 'invalid_body');
+    assert.equal(err(r).param, 'add_credit_cents');
+    const after = await s.admin('GET', '/projects/both');
+    assert.equal(after.body.credit_cents, 100);
+    assert.equal(after.body.name, 'x');
+  });
+
   it('an endpoint whose only workers are unhealthy or draining is created error/no_healthy_worker', async () => {
     await s.admin('POST', '/models', { name: 'sick-model', context_window: 4096 });
     const w = await s.admin('POST', '/workers', {
