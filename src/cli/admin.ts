@@ -36,7 +36,8 @@ const USAGE = `usage: switchyard admin [--url URL] [--token T] [--json] <resourc
   member list --project P
 
   webhook create --project PID --hook-url https://... --event TYPE ... [--description D]
-  webhook list|get ID|delete ID|test ID --project PID
+  webhook list --project PID [--limit N] [--after ID]
+  webhook get|delete|test ID --project PID
   webhook deliveries ID --project PID [--limit N] [--after DEL]
   webhook attempts ID DELIVERY --project PID
   webhook redeliver ID DELIVERY --project PID
@@ -371,10 +372,14 @@ export async function admin(argv: string[]): Promise<number> {
           table([r], ['id', 'url', 'events', 'is_active']) +
           `\nSigning secret (shown once, store it now):\n  ${String(r.secret)}\n`;
         break;
-      case 'webhook list':
-        result = await hook('GET', o.limit ? `?limit=${encodeURIComponent(o.limit)}` : '');
+      case 'webhook list': {
+        const q = new URLSearchParams();
+        if (o.limit) q.set('limit', o.limit);
+        if (o.after) q.set('after', o.after);
+        result = await hook('GET', q.size ? `?${q}` : '');
         human = listOf(['id', 'url', 'events', 'is_active']);
         break;
+      }
       case 'webhook get':
         result = await hook('GET', hookId());
         human = record(['id', 'url', 'events', 'is_active', 'description']);

@@ -203,3 +203,52 @@ describe('switchyard admin key and webhook commands', () => {
     assert.match(after.stderr, /invalid_api_key/);
   });
 });
+
+describe('switchyard admin webhook list pages', () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'swy-admin-pages-'));
+  const env = {
+    SWITCHYARD_DATA_DIR: dataDir,
+    PORT: '0',
+    LOG_LEVEL: 'warn',
+    SWITCHYARD_DEMO: '0',
+    SWITCHYARD_ADMIN_TOKEN: 'cli-test-token',
+    // Webhooks to a loopback address are accepted (none is ever delivered here).
+    SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
+  };
+  let server: Spawned | undefined;
+  after(async () => {
+    await server?.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it('--limit and --after page through the webhooks', async () => {
+    server = spawnSwitchyard(['serve'], env);
+    const base = (await server.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
+    const cli = async (...args: string[]) => {
+      const r = await runSwitchyard(['admin', '--json', ...args], { ...env, SWITCHYARD_URL: base });
+      assert.equal(r.code, 0, `${args.join(' ')}: ${r.stderr}`);
+      return JSON.parse(r.stdout) as Record<string, unknown>;
+    };
+    const pid = String((await cli('project', 'create', '--slug', 'pages')).id);
+    const key = String((await cli('key', 'create', '--project', pid, '--scope', 'management')).key);
+    const hook = (...args: string[]) => cli('webhook', ...args, '--project', pid, '--key', key);
+    const made: string[] = [];
+    for (const n of [1, 2]) {
+      const w = await hook(
+        'create',
+        '--hook-url',
+        `https://127.0.0.1/h${n}`,
+        '--event',
+        'exec.failed',
+      );
+      made.push(String(w.id));
+    }
+    const first = await hook('list', '--limit', '1');
+    const ids = (r: Record<string, unknown>) => (r.data as Array<{ id: string }>).map((w) => w.id);
+    assert.equal(ids(first).length, 1);
+    assert.equal(first.has_more, true);
+    const second = await hook('list', '--limit', '1', '--after', ids(first)[0]!);
+    assert.equal(second.has_more, false);
+    assert.deepEqual([...ids(first), ...ids(second)].sort(), [...made].sort());
+  });
+});
