@@ -150,7 +150,12 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
 
     async function project(ref: string): Promise<Project> {
       const p = await s.projects.find(ref);
-      if (!p) throw new ServiceError('project_not_found', { message: `No project '${ref}'.` });
+      if (!p) {
+        throw new ServiceError('project_not_found', {
+          message: `No project '${ref}'.`,
+          param: 'project',
+        });
+      }
       return p;
     }
 
@@ -352,7 +357,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         const p = await project(request.params.project);
         const body = parseBody(patchEndpointBody, request.body ?? {});
         const e = await s.endpoints.get(p.id, request.params.endpoint);
-        if (!e) throw new ServiceError('endpoint_not_found');
+        if (!e) throw new ServiceError('endpoint_not_found', { param: 'endpoint' });
         await domainFree(body.custom_domain, e.id);
         const updated = await s.endpoints
           .update(p.id, e.id, {
@@ -370,7 +375,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
             if (isUniqueViolation(err, CUSTOM_DOMAIN_KEY)) domainTaken(body.custom_domain);
             throw err;
           });
-        if (!updated) throw new ServiceError('endpoint_not_found');
+        if (!updated) throw new ServiceError('endpoint_not_found', { param: 'endpoint' });
         await s.bus.publish('endpoint', updated.id);
         return toEndpointRecord(updated);
       },
@@ -381,7 +386,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
         const p = await project(request.params.project);
         const e = await s.endpoints.get(p.id, request.params.endpoint);
         if (!e || !(await s.endpoints.softDelete(p.id, e.id, now()))) {
-          throw new ServiceError('endpoint_not_found');
+          throw new ServiceError('endpoint_not_found', { param: 'endpoint' });
         }
         await s.bus.publish('endpoint', e.id);
         return { id: e.id, object: 'endpoint', deleted: true };

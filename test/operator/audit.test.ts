@@ -119,6 +119,27 @@ describe('operator API audit', () => {
     assert.equal(after.body.name, 'x');
   });
 
+  it('an unknown {project} or endpoint in the path is 404 naming that parameter', async () => {
+    for (const [method, path, body] of [
+      ['GET', '/projects/no-such'],
+      ['PATCH', '/projects/no-such', { name: 'x' }],
+      ['GET', '/projects/no-such/endpoints'],
+      ['POST', '/projects/no-such/keys', {}],
+      ['GET', '/projects/no-such/keys'],
+    ] as const) {
+      const r = await s.admin(method, path, body);
+      assert.equal(r.status, 404, `${method} ${path}: ${r.text}`);
+      assert.equal(err(r).code, 'project_not_found');
+      assert.equal(err(r).param, 'project', `${method} ${path}`);
+    }
+    for (const method of ['PATCH', 'DELETE']) {
+      const r = await s.admin(method, '/projects/audit/endpoints/no-such', {});
+      assert.equal(r.status, 404, r.text);
+      assert.equal(err(r).code, 'endpoint_not_found');
+      assert.equal(err(r).param, 'endpoint', method);
+    }
+  });
+
   it('an endpoint whose only workers are unhealthy or draining is created error/no_healthy_worker', async () => {
     await s.admin('POST', '/models', { name: 'sick-model', context_window: 4096 });
     const w = await s.admin('POST', '/workers', {
