@@ -141,7 +141,10 @@ export class BudgetAlerts {
           .returning({ id: B.id })
       : [];
     if (rows.length === 0)
-      throw new ServiceError('budget_alert_not_found', { message: 'No such budget alert.' });
+      throw new ServiceError('budget_alert_not_found', {
+        message: 'No such budget alert.',
+        param: 'budget_alert_id',
+      });
     // Others may remain: the next batch reads the table again.
     this.presence.delete(projectId);
     return { id, object: 'budget_alert' as const, deleted: true };

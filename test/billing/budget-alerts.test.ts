@@ -132,19 +132,26 @@ describe('budget alert ids', () => {
   });
   after(() => f.close());
 
-  it('DELETE of an id that is not a UUID is 404 budget_alert_not_found, never a 500', async () => {
+  it('DELETE of an unknown id, or one that is not a UUID, is 404 budget_alert_not_found, never a 500', async () => {
     const created = await f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
       key: f.key,
       body: { name: 'kept', budget_amount_cents: 100 },
     });
     assert.equal(created.status, 201, created.text);
     // UUID-length strings of hex digits and dashes that PostgreSQL's uuid type refuses.
-    for (const id of ['-'.repeat(36), 'a'.repeat(36), `${String(created.body.id).slice(0, 35)}-`]) {
+    for (const id of [
+      '-'.repeat(36),
+      'a'.repeat(36),
+      `${String(created.body.id).slice(0, 35)}-`,
+      randomUUID(),
+    ]) {
       const r = await f.server.call('DELETE', `/${f.projectId}/v1/budget_alerts/${id}`, {
         key: f.key,
       });
       assert.equal(r.status, 404, r.text);
-      assert.equal((r.body.error as { code: string }).code, 'budget_alert_not_found');
+      const e = r.body.error as { code: string; param: string | null };
+      assert.equal(e.code, 'budget_alert_not_found');
+      assert.equal(e.param, 'budget_alert_id', 'names the path parameter, as webhook_id does');
     }
     const list = await f.server.call('GET', `/${f.projectId}/v1/budget_alerts`, { key: f.key });
     assert.deepEqual(
