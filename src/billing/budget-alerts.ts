@@ -22,6 +22,11 @@ import { tables } from '../store/index.js';
 const { budgetAlerts: B, usageRecords: U, projects: P } = tables;
 
 export const BUDGET_EVENT = 'budget.threshold_reached';
+/**
+ * Every usage batch of a project evaluates all its alerts (under a row lock) and the
+ * list is not paged: without a bound one client could make both as large as it likes.
+ */
+export const MAX_BUDGET_ALERTS_PER_PROJECT = 20;
 const MICROCENTS_PER_CENT = 1_000_000;
 /** An alert id: PostgreSQL refuses other strings of hex digits and dashes (a 500, not a 404). */
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -119,7 +124,20 @@ export class BudgetAlerts {
       fired: {},
       createdAt: new Date(this.clock.now()),
     };
-    await this.db.insert(B).values(row);
+    await this.db.transaction(async (tx) => {
+      // Serialise creations per project so the cap holds under concurrency.
+      await tx.execute(sql`select id from ${P} where id = ${projectId} for update`);
+      const [count] = await tx
+        .select({ n: sql<number>`count(*)::int` })
+        .from(B)
+        .where(eq(B.projectId, projectId));
+      if (Number(count?.n ?? 0) >= MAX_BUDGET_ALERTS_PER_PROJECT) {
+        throw new ServiceError('budget_alert_limit', {
+          message: `A project can have at most ${MAX_BUDGET_ALERTS_PER_PROJECT} budget alerts.`,
+        });
+      }
+      await tx.insert(B).values(row);
+    });
     this.known(projectId, true);
     return publicAlert(row);
   }

@@ -84,6 +84,12 @@ export const catalogue = {
     false,
     'No such stored chat completion.',
   ),
+  budget_alert_limit: e(
+    400,
+    'invalid_request_error',
+    false,
+    'The project already has the maximum number of budget alerts.',
+  ),
   budget_alert_not_found: e(404, 'invalid_request_error', false, 'No such budget alert.'),
   route_not_found: e(404, 'invalid_request_error', false, 'Unknown route.'),
   method_not_allowed: e(405, 'invalid_request_error', false, 'Method not allowed.'),

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { eq } from 'drizzle-orm';
 import { after, before, describe, it } from 'node:test';
+import { MAX_BUDGET_ALERTS_PER_PROJECT } from '../../src/billing/budget-alerts.js';
 import { tables } from '../../src/store/index.js';
 import type { Sender } from '../../src/webhooks/sender.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
@@ -158,6 +159,38 @@ describe('budget alert ids', () => {
       (list.body.data as Array<{ id: string }>).map((a) => a.id),
       [created.body.id],
     );
+  });
+});
+
+describe('budget alerts per project', () => {
+  let f: InferenceFixture;
+  before(async () => {
+    f = await pricedFixture([]);
+  });
+  after(() => f.close());
+
+  it(`at most ${MAX_BUDGET_ALERTS_PER_PROJECT}: one more is 400 budget_alert_limit, and a deletion frees a place`, async () => {
+    const create = (name: string) =>
+      f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
+        key: f.key,
+        body: { name, budget_amount_cents: 100 },
+      });
+    const made: string[] = [];
+    for (let i = 0; i < MAX_BUDGET_ALERTS_PER_PROJECT; i++) {
+      const r = await create(`a${i}`);
+      assert.equal(r.status, 201, r.text);
+      made.push(String(r.body.id));
+    }
+    const over = await create('one more');
+    assert.equal(over.status, 400, over.text);
+    assert.equal((over.body.error as { code: string }).code, 'budget_alert_limit');
+    const list = await f.server.call('GET', `/${f.projectId}/v1/budget_alerts`, { key: f.key });
+    assert.equal((list.body.data as unknown[]).length, MAX_BUDGET_ALERTS_PER_PROJECT);
+    const del = await f.server.call('DELETE', `/${f.projectId}/v1/budget_alerts/${made[0]}`, {
+      key: f.key,
+    });
+    assert.equal(del.status, 200, del.text);
+    assert.equal((await create('again')).status, 201);
   });
 });
 
