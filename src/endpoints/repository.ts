@@ -19,6 +19,11 @@ const { endpoints, models } = tables;
 
 /** A path segment of this shape names an endpoint by its id, any other by its slug. */
 export const ENDPOINT_ID_SHAPE = /^[0-9a-f-]{36}$/i;
+/**
+ * The ids themselves. A segment of the shape above that is not one names no endpoint:
+ * given to PostgreSQL's uuid type it failed the query (500 on every path it was in).
+ */
+const ENDPOINT_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 export const ENDPOINT_STATUSES = ['active', 'provisioning', 'suspended', 'error'] as const;
 export type EndpointStatus = (typeof ENDPOINT_STATUSES)[number];
@@ -198,6 +203,7 @@ export class EndpointRepository {
 
   async get(projectId: string, idOrSlug: string): Promise<Endpoint | null> {
     const byId = ENDPOINT_ID_SHAPE.test(idOrSlug);
+    if (byId && !ENDPOINT_ID.test(idOrSlug)) return null;
     const rows = await this.db
       .select(columns)
       .from(endpoints)

@@ -132,11 +132,14 @@ describe('operator API audit', () => {
       assert.equal(err(r).code, 'project_not_found');
       assert.equal(err(r).param, 'project', `${method} ${path}`);
     }
-    for (const method of ['PATCH', 'DELETE']) {
-      const r = await s.admin(method, '/projects/audit/endpoints/no-such', {});
-      assert.equal(r.status, 404, r.text);
-      assert.equal(err(r).code, 'endpoint_not_found');
-      assert.equal(err(r).param, 'endpoint', method);
+    // A slug, and segments of an id's length and alphabet that are no UUID.
+    for (const ref of ['no-such', 'a'.repeat(36), '-'.repeat(36)]) {
+      for (const method of ['PATCH', 'DELETE']) {
+        const r = await s.admin(method, `/projects/audit/endpoints/${ref}`, {});
+        assert.equal(r.status, 404, `${method} ${ref}: ${r.text}`);
+        assert.equal(err(r).code, 'endpoint_not_found');
+        assert.equal(err(r).param, 'endpoint', method);
+      }
     }
   });
 

@@ -295,6 +295,16 @@ for (const driver of drivers()) {
       expectError(await s.call('GET', slos()), 401, 'missing_api_key');
       expectError(await call('GET', slos(), undefined, other.key), 403, 'cross_project_access');
       expectError(await call('GET', slos('nope')), 404, 'endpoint_not_found');
+      // Segments of an id's length and alphabet that are no UUID name no endpoint either.
+      for (const ref of ['a'.repeat(36), '-'.repeat(36)]) {
+        expectError(await call('GET', slos(ref)), 404, 'endpoint_not_found');
+        expectError(
+          await call('POST', slos(), { endpoint: ref, ttft_ms: 1 }),
+          404,
+          'endpoint_not_found',
+          'endpoint',
+        );
+      }
 
       const onMain = await call('POST', slos('main'), { ttft_ms: 100 });
       const onSecond = await call('POST', slos('second'), { ttft_ms: 100 });
