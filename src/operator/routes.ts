@@ -129,6 +129,8 @@ const patchEndpointBody = z
   .strict();
 
 const failInvocationBody = z.object({ reason: z.string().max(2000).optional() }).strict();
+/** The password is checked by `dashboardPassword`, with the dashboard's rules. */
+const passwordBody = z.object({ password: z.unknown() }).strict();
 
 /** Endpoints default to their tier's request limit plus burst, or a high ceiling. */
 const UNLIMITED_RPM_DEFAULT = 100_000;
@@ -411,7 +413,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
     });
     // An operator's password reset: every session of the user ends.
     app.post<{ Params: { user: string } }>('/users/:user/password', async (request) => {
-      const body = (request.body ?? {}) as Record<string, unknown>;
+      const body = parseBody(passwordBody, request.body ?? {});
       await s.dashboard.accounts.resetPassword(
         request.params.user,
         dashboardPassword(body.password),

@@ -143,6 +143,21 @@ describe('operator API audit', () => {
     }
   });
 
+  it('POST /users/{user}/password takes a strict body: an unknown field is 400 naming it', async () => {
+    const u = await s.admin('POST', '/users', { name: 'pw', email: 'pw@example.com' });
+    assert.equal(u.status, 201, u.text);
+    const path = `/users/${String(u.body.id)}/password`;
+    const extra = await s.admin('POST', path, { password: 'a long enough password', pasword: 'x' });
+    assert.equal(extra.status, 400, extra.text);
+    assert.equal(err(extra).code, 'invalid_body');
+    assert.equal(err(extra).param, 'pasword');
+    const list = await s.admin('POST', path, ['a long enough password']);
+    assert.equal(list.status, 400, list.text);
+    assert.equal(err(list).code, 'invalid_body');
+    const ok = await s.admin('POST', path, { password: 'a long enough password' });
+    assert.equal(ok.status, 200, ok.text);
+  });
+
   it('an endpoint whose only workers are unhealthy or draining is created error/no_healthy_worker', async () => {
     await s.admin('POST', '/models', { name: 'sick-model', context_window: 4096 });
     const w = await s.admin('POST', '/workers', {
