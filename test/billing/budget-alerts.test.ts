@@ -36,6 +36,35 @@ function pricedFixture(
   });
 }
 
+/** One small priced completion, its usage written and the resulting deliveries sent. */
+async function spend(f: InferenceFixture): Promise<void> {
+  await f.client.chat.completions.create({
+    model: 'x',
+    messages: [{ role: 'user', content: 'spend' }],
+    max_tokens: 4,
+  });
+  await f.server.services.usage.flush();
+  await f.server.services.dispatcher.tick();
+}
+
+/** An alert written to the database directly, as another instance would. */
+async function alertFromElsewhere(f: InferenceFixture): Promise<void> {
+  const db = f.server.services.store.db;
+  const [p] = await db
+    .select({ id: tables.projects.id })
+    .from(tables.projects)
+    .where(eq(tables.projects.externalId, f.projectId));
+  await db.insert(tables.budgetAlerts).values({
+    id: randomUUID(),
+    projectId: p!.id,
+    name: 'elsewhere',
+    budgetAmountCents: 1,
+    thresholds: [50],
+    fired: {},
+    createdAt: new Date(f.server.clock.now()),
+  });
+}
+
 describe('budget alerts', () => {
   let f: InferenceFixture;
   const sent: Array<{ headers: Record<string, string>; body: string }> = [];
@@ -257,41 +286,18 @@ describe('budget alerts of projects without alerts', () => {
   });
   after(() => f.close());
 
-  const spend = async () => {
-    await f.client.chat.completions.create({
-      model: 'x',
-      messages: [{ role: 'user', content: 'spend' }],
-      max_tokens: 4,
-    });
-    await f.server.services.usage.flush();
-    await f.server.services.dispatcher.tick();
-  };
-
   it('are not re-read on every usage batch; an alert added elsewhere is seen within 5 s', async () => {
     const hook = await f.server.call('POST', `/${f.projectId}/v1/webhooks`, {
       key: f.key,
       body: { url: 'https://hooks.example.com/b', events: ['budget.threshold_reached'] },
     });
     assert.equal(hook.status, 201, hook.text);
-    await spend(); // read once: no alerts
-    const [p] = await f.server.services.store.db
-      .select({ id: tables.projects.id })
-      .from(tables.projects)
-      .where(eq(tables.projects.externalId, f.projectId));
-    // Another instance's alert: written to the database, not through this instance.
-    await f.server.services.store.db.insert(tables.budgetAlerts).values({
-      id: randomUUID(),
-      projectId: p!.id,
-      name: 'elsewhere',
-      budgetAmountCents: 1,
-      thresholds: [50],
-      fired: {},
-      createdAt: new Date(f.server.clock.now()),
-    });
-    await spend();
+    await spend(f); // read once: no alerts
+    await alertFromElsewhere(f);
+    await spend(f);
     assert.equal(sent.length, 0, 'the cached "no alerts" is trusted for 5 s');
     f.server.clock.advance(5_001);
-    await spend();
+    await spend(f);
     assert.equal(sent.length, 1);
     const body = JSON.parse(sent[0]!.body) as { alertName: string; threshold: number };
     assert.equal(body.alertName, 'elsewhere');
@@ -300,14 +306,14 @@ describe('budget alerts of projects without alerts', () => {
 
   it('evaluates a project at most once a second; a batch inside the second is evaluated at its end', async () => {
     f.server.clock.advance(1_001);
-    await spend(); // evaluated now: nothing new to fire
+    await spend(f); // evaluated now: nothing new to fire
     assert.equal(sent.length, 1);
     const late = await f.server.call('POST', `/${f.projectId}/v1/budget_alerts`, {
       key: f.key,
       body: { name: 'late', budget_amount_cents: 1, thresholds: [100] },
     });
     assert.equal(late.status, 201, late.text);
-    await spend(); // inside the second: deferred
+    await spend(f); // inside the second: deferred
     assert.equal(sent.length, 1, 'evaluated again within the second');
     f.server.clock.advance(1_000);
     for (let i = 0; i < 100 && sent.length < 2; i++) {
@@ -335,30 +341,9 @@ describe('budget alerts created through another instance', () => {
       body: { url: 'https://hooks.example.com/b', events: ['budget.threshold_reached'] },
     });
     assert.equal(hook.status, 201, hook.text);
-    const spend = async () => {
-      await f.client.chat.completions.create({
-        model: 'x',
-        messages: [{ role: 'user', content: 'spend' }],
-        max_tokens: 4,
-      });
-      await f.server.services.usage.flush();
-      await f.server.services.dispatcher.tick();
-    };
-    await spend(); // read: no alerts, trusted for 5 s
-    const [p] = await f.server.services.store.db
-      .select({ id: tables.projects.id })
-      .from(tables.projects)
-      .where(eq(tables.projects.externalId, f.projectId));
-    await f.server.services.store.db.insert(tables.budgetAlerts).values({
-      id: randomUUID(),
-      projectId: p!.id,
-      name: 'elsewhere',
-      budgetAmountCents: 1,
-      thresholds: [50],
-      fired: {},
-      createdAt: new Date(f.server.clock.now()),
-    });
-    await spend(); // the project's last batch: judged on the cached "no alerts"
+    await spend(f); // read: no alerts, trusted for 5 s
+    await alertFromElsewhere(f);
+    await spend(f); // the project's last batch: judged on the cached "no alerts"
     assert.equal(sent.length, 0);
     // No more spend: the end of the 5 s alone brings the evaluation.
     f.server.clock.advance(5_000);
