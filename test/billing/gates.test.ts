@@ -75,16 +75,20 @@ describe('billing gates', () => {
   });
 });
 
+/** 0.1 cent per token and 5 cents of credit; each token takes 1 s of the fake clock. */
+function fiveCents(): Promise<InferenceFixture> {
+  return inferenceFixture({
+    prices: [100_000, 100_000],
+    creditCents: 5,
+    simOnFakeClock: true,
+    sim: { tpotMs: 1_000 },
+  });
+}
+
 describe('billing gate: requests in flight hold credit', () => {
   let f: InferenceFixture;
   before(async () => {
-    // 0.1 cent per token and 5 cents of credit; each token takes 1 s of the fake clock.
-    f = await inferenceFixture({
-      prices: [100_000, 100_000],
-      creditCents: 5,
-      simOnFakeClock: true,
-      sim: { tpotMs: 1_000 },
-    });
+    f = await fiveCents();
   });
   after(() => f.close());
 
@@ -137,13 +141,7 @@ describe('billing gate: requests in flight hold credit', () => {
 describe('billing gate: a prediction is held too', () => {
   let f: InferenceFixture;
   before(async () => {
-    // 0.1 cent per token and 5 cents of credit; each token takes 1 s of the fake clock.
-    f = await inferenceFixture({
-      prices: [100_000, 100_000],
-      creditCents: 5,
-      simOnFakeClock: true,
-      sim: { tpotMs: 1_000 },
-    });
+    f = await fiveCents();
   });
   after(() => f.close());
 
