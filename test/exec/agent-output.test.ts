@@ -18,6 +18,31 @@ import { startTestServer, type TestServer } from '../support/harness.js';
 import { startRealAgent, until, type RealAgent } from './agents.js';
 import { events, joinKey, seedExecProject, tool, workspace, type ExecProject } from './support.js';
 
+/** Creates an invocation of `tool` and waits (real time, at most `ms`) until it ends. */
+async function runToEnd(
+  s: TestServer,
+  p: ExecProject,
+  tool: string,
+  args: Record<string, unknown>,
+  ms: number,
+) {
+  const r = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
+    key: p.exec,
+    body: { tool, arguments: args, workspace_id: await workspace(s, p) },
+  });
+  assert.equal(r.status, 201, r.text);
+  const id = String(r.body.id);
+  const done = await until(
+    async () => {
+      const g = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, { key: p.exec });
+      return ['completed', 'failed', 'cancelled'].includes(String(g.body.status)) && g;
+    },
+    ms,
+    'the invocation to end',
+  );
+  return { id, done };
+}
+
 describe('agent output with NUL bytes (real switchyard agent)', () => {
   let s: TestServer;
   let p: ExecProject;
@@ -49,22 +74,7 @@ describe('agent output with NUL bytes (real switchyard agent)', () => {
   });
 
   it('completes with each NUL kept as U+FFFD in stdout and stderr', async () => {
-    const r = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
-      key: p.exec,
-      body: { tool: 'print0', arguments: {}, workspace_id: await workspace(s, p) },
-    });
-    assert.equal(r.status, 201, r.text);
-    const id = String(r.body.id);
-    const done = await until(
-      async () => {
-        const g = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, {
-          key: p.exec,
-        });
-        return ['completed', 'failed', 'cancelled'].includes(String(g.body.status)) && g;
-      },
-      10_000,
-      'the invocation to end',
-    );
+    const { done } = await runToEnd(s, p, 'print0', {}, 10_000);
     assert.equal(done.body.status, 'completed', done.text);
     assert.equal(done.body.exit_code, 0);
     assert.equal(done.body.stdout, 'a\uFFFDb\uFFFD');
@@ -185,23 +195,7 @@ describe('an agent reporting an exit code no integer column holds', () => {
 
   for (const code of [2 ** 31, -(2 ** 31) - 1, 2 ** 53 - 1, 1.5]) {
     it(`exit_code ${code}: the result is recorded (failed, invalid_exit_code), not lost`, async () => {
-      const ws = await workspace(s, p);
-      const r = await s.call('POST', `/${p.projectId}/v1/exec/invocations`, {
-        key: p.exec,
-        body: { tool: 'odd', arguments: { path: '/', code }, workspace_id: ws },
-      });
-      assert.equal(r.status, 201, r.text);
-      const id = String(r.body.id);
-      const done = await until(
-        async () => {
-          const g = await s.call('GET', `/${p.projectId}/v1/exec/invocations/${id}`, {
-            key: p.exec,
-          });
-          return ['completed', 'failed', 'cancelled'].includes(String(g.body.status)) && g;
-        },
-        5_000,
-        'the invocation to end',
-      );
+      const { id, done } = await runToEnd(s, p, 'odd', { path: '/', code }, 5_000);
       assert.equal(done.body.status, 'failed', done.text);
       assert.equal(done.body.exit_code, null);
       assert.equal(done.body.stdout, 'out');
