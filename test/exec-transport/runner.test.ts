@@ -171,6 +171,18 @@ describe('tool runner', () => {
     assert.equal(o.exitCode, 0);
   });
 
+  it('cuts the output on a UTF-8 character boundary, not inside a character', async () => {
+    // 'é' is two bytes: a bound of 1023 falls inside the 512th.
+    const o = await runTool(
+      { command: sh("i=0; while [ $i -lt 600 ]; do printf '\\303\\251'; i=$((i+1)); done") },
+      { ...base, maxOutputBytes: 1023 },
+    ).outcome;
+    assert.equal(o.kind, 'exited');
+    if (o.kind !== 'exited') return;
+    assert.equal(o.stdout, 'é'.repeat(511), 'no U+FFFD where the cut fell');
+    assert.equal(o.truncated, true);
+  });
+
   it('reports a command that cannot start as an error', async () => {
     const o = await runTool({ command: ['/nonexistent/tool'] }, base).outcome;
     assert.equal(o.kind, 'error');

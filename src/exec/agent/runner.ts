@@ -13,8 +13,8 @@
  *   `setsid` leaves the agent's care too, as it would leave a container's.)
  * - An agent killed outright (SIGKILL, a crash) cannot signal its tools, so a
  *   reaper process does it for the agent (see `Reaper`).
- * - stdout and stderr are each kept up to `maxOutputBytes`; the rest is
- *   discarded and `truncated` set.
+ * - stdout and stderr are each kept up to `maxOutputBytes` (cut at a UTF-8
+ *   character boundary); the rest is discarded and `truncated` set.
  * Time here is real (the tool is a real process); the callers keep it short in tests.
  */
 import { spawn } from 'node:child_process';
@@ -142,8 +142,22 @@ class BoundedBuffer {
   }
 
   text(): string {
-    return Buffer.concat(this.chunks).toString('utf8');
+    const bytes = Buffer.concat(this.chunks);
+    // The bound may fall inside a character: end at the last whole one instead of
+    // reporting a U+FFFD the tool never wrote.
+    return (this.truncated ? bytes.subarray(0, utf8Boundary(bytes)) : bytes).toString('utf8');
   }
+}
+
+/** The length of `bytes` without a UTF-8 sequence left incomplete at its end. */
+function utf8Boundary(bytes: Buffer): number {
+  let start = bytes.length;
+  // Back over at most three continuation bytes (10xxxxxx) to the sequence's lead byte.
+  while (start > 0 && bytes.length - start < 3 && (bytes[start - 1]! & 0xc0) === 0x80) start--;
+  if (start === 0) return bytes.length;
+  const lead = bytes[start - 1]!;
+  const need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+  return bytes.length - (start - 1) < need ? start - 1 : bytes.length;
 }
 
 export function runTool(tool: ToolCommand, opts: RunOptions): RunningTool {
