@@ -17,6 +17,7 @@ import {
   EnrollmentFailedError,
   EnrollmentRejectedError,
 } from '../exec/agent/client.js';
+import { IdentityFileError } from '../exec/agent/identity.js';
 import { loadManifestFile, ManifestFileError } from '../exec/agent/manifest.js';
 import { isZ85Key } from '../exec/broker/z85.js';
 import { createLogger } from '../runtime/logger.js';
@@ -142,7 +143,12 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
       ),
     });
   } catch (err) {
-    if (err instanceof UsageError || err instanceof ManifestFileError || isParseArgsError(err)) {
+    if (
+      err instanceof UsageError ||
+      err instanceof ManifestFileError ||
+      err instanceof IdentityFileError ||
+      isParseArgsError(err)
+    ) {
       process.stderr.write(`switchyard agent: ${(err as Error).message}\n\n${USAGE}`);
       return EXIT_USAGE;
     }

@@ -7,7 +7,7 @@
  * enrolling again. Secrets never appear in its output.
  */
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Broker } from '../../src/exec/broker/index.js';
@@ -198,5 +198,16 @@ describe('switchyard agent (binary)', () => {
     await proc.waitFor(/"msg":"connected to broker"/, 15_000);
     assert.equal(directory.enrolls.length, enrolls + 1);
     assert.equal(await proc.stop('SIGTERM'), 0);
+  });
+  it('a truncated identity file: says which file and exits 2, no parser message', async () => {
+    const broken = join(tmp.dir, 'truncated.key');
+    writeFileSync(broken, '{"version": 1, "public_key": "abc', { mode: 0o600 });
+    const r = await runSwitchyard(['agent', '--key-file', broken], env());
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(
+      r.stderr,
+      /^switchyard agent: key file .*truncated\.key is not a switchyard agent key file/m,
+    );
+    assert.doesNotMatch(r.stderr, /SyntaxError|Unexpected|at position|^\s+at /m);
   });
 });

@@ -19,6 +19,9 @@ export interface AgentIdentity {
   manifestHash?: string;
 }
 
+/** The identity file exists but holds no identity (damaged, truncated, another file). */
+export class IdentityFileError extends Error {}
+
 const fileSchema = z.object({
   version: z.literal(1),
   public_key: z.string(),
@@ -39,10 +42,23 @@ export function loadOrCreateIdentity(path: string): { identity: AgentIdentity; c
     saveIdentity(path, identity);
     return { identity, created: true };
   }
-  const parsed = fileSchema.safeParse(JSON.parse(raw));
-  if (!parsed.success) throw new Error(`key file ${path} is not a switchyard agent key file`);
+  const notAKeyFile = (why: string) =>
+    new IdentityFileError(`key file ${path} is not a switchyard agent key file (${why})`);
+  let json: unknown;
+  try {
+    json = JSON.parse(raw);
+  } catch {
+    throw notAKeyFile('not JSON: truncated or damaged?');
+  }
+  const parsed = fileSchema.safeParse(json);
+  if (!parsed.success) throw notAKeyFile('unexpected content');
   const f = parsed.data;
-  const pair = checkKeyPair({ publicKey: f.public_key, secretKey: f.secret_key });
+  let pair;
+  try {
+    pair = checkKeyPair({ publicKey: f.public_key, secretKey: f.secret_key });
+  } catch (err) {
+    throw notAKeyFile((err as Error).message);
+  }
   return {
     identity: {
       ...pair,
