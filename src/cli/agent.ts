@@ -93,7 +93,7 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
     const joinKey =
       values['join-key'] ??
       (env.SWITCHYARD_AGENT_JOIN_KEY || undefined) ??
-      (joinKeyFile ? readFileSync(joinKeyFile, 'utf8').trim() : undefined);
+      (joinKeyFile ? readJoinKeyFile(joinKeyFile) : undefined);
     const name = values.name ?? (env.SWITCHYARD_AGENT_NAME || undefined);
     const manifest = loadManifestFile(manifestPath);
     // Synchronous stdout: an agent logs little, and lines must not wait in a buffer.
@@ -183,6 +183,16 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
     process.off('SIGTERM', stop);
     process.off('SIGINT', stop);
     await client.stop();
+  }
+}
+
+/** The join key a file holds, without the line end (LF or CRLF) an editor leaves. */
+function readJoinKeyFile(path: string): string {
+  try {
+    return readFileSync(path, 'utf8').trim();
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    throw new UsageError(`join key file ${path}: ${e.code ?? e.message}`);
   }
 }
 

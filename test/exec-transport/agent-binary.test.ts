@@ -210,4 +210,13 @@ describe('switchyard agent (binary)', () => {
     );
     assert.doesNotMatch(r.stderr, /SyntaxError|Unexpected|at position|^\s+at /m);
   });
+
+  it('a join key file that cannot be read: says so and exits 2', async () => {
+    const r = await runSwitchyard(
+      ['agent', '--name', 'bin-agent', '--key-file', join(tmp.dir, 'nofile.key')],
+      env({ SWITCHYARD_AGENT_JOIN_KEY_FILE: join(tmp.dir, 'missing-join-key') }),
+    );
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /^switchyard agent: join key file .*missing-join-key: ENOENT/m);
+  });
 });
