@@ -89,11 +89,14 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
     }
     const manifestPath = values.manifest ?? env.SWITCHYARD_AGENT_MANIFEST;
     if (!manifestPath) throw new UsageError('--manifest: a manifest file is required');
-    const joinKeyFile = values['join-key-file'] ?? env.SWITCHYARD_AGENT_JOIN_KEY_FILE;
+    // Flags first (--join-key, then --join-key-file), then the environment likewise.
     const joinKey =
       values['join-key'] ??
+      (values['join-key-file'] ? readJoinKeyFile(values['join-key-file']) : undefined) ??
       (env.SWITCHYARD_AGENT_JOIN_KEY || undefined) ??
-      (joinKeyFile ? readJoinKeyFile(joinKeyFile) : undefined);
+      (env.SWITCHYARD_AGENT_JOIN_KEY_FILE
+        ? readJoinKeyFile(env.SWITCHYARD_AGENT_JOIN_KEY_FILE)
+        : undefined);
     const name = values.name ?? (env.SWITCHYARD_AGENT_NAME || undefined);
     const manifest = loadManifestFile(manifestPath);
     // Synchronous stdout: an agent logs little, and lines must not wait in a buffer.

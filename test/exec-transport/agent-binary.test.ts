@@ -219,4 +219,24 @@ describe('switchyard agent (binary)', () => {
     assert.equal(r.code, 2, r.stderr);
     assert.match(r.stderr, /^switchyard agent: join key file .*missing-join-key: ENOENT/m);
   });
+
+  it('--join-key-file wins over SWITCHYARD_AGENT_JOIN_KEY (flags win), its CRLF ignored', async () => {
+    const file = join(tmp.dir, 'join-key');
+    writeFileSync(file, `${JOIN_KEY}\r\n`, { mode: 0o600 });
+    proc = spawnSwitchyard(
+      [
+        'agent',
+        '--name',
+        'file-agent',
+        '--join-key-file',
+        file,
+        '--key-file',
+        join(tmp.dir, 'f.key'),
+      ],
+      env({ SWITCHYARD_AGENT_JOIN_KEY: 'swyjk_stale_env_key' }),
+    );
+    await proc.waitFor(/"msg":"connected to broker"/, 10_000);
+    assert.equal(directory.enrolls.at(-1)?.registrationName, 'file-agent');
+    assert.equal(await proc.stop('SIGTERM'), 0);
+  });
 });
