@@ -48,6 +48,8 @@ P is a project's external id (proj_...) or slug.
 `;
 
 class CliError extends Error {}
+/** Bad usage (a required flag missing, a malformed value): the usage, exit 2, no request. */
+class UsageError extends CliError {}
 
 /** The commands whose positional ID is required, and what the ID names. */
 const ID_COMMANDS: Record<string, 'worker' | 'key'> = {
@@ -101,12 +103,12 @@ async function call(
 function intOpt(name: string, v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
   const n = Number(v);
-  if (!Number.isInteger(n)) throw new CliError(`--${name} must be an integer`);
+  if (!Number.isInteger(n)) throw new UsageError(`--${name} must be an integer`);
   return n;
 }
 
 function need(name: string, v: string | undefined): string {
-  if (v === undefined || v === '') throw new CliError(`--${name} is required`);
+  if (v === undefined || v === '') throw new UsageError(`--${name} is required`);
   return v;
 }
 
@@ -320,7 +322,7 @@ export async function admin(argv: string[]): Promise<number> {
         human = listOf(['id', 'name', 'email']);
         break;
       case 'user password': {
-        if (!o['password-stdin']) throw new CliError('user password: give --password-stdin');
+        if (!o['password-stdin']) throw new UsageError('user password: give --password-stdin');
         const user = arg ?? need('user', o.user);
         result = await call(ctx, 'POST', `/users/${encodeURIComponent(user)}/password`, {
           password: await passwordFromStdin(),
@@ -430,6 +432,10 @@ export async function admin(argv: string[]): Promise<number> {
     process.stdout.write(ctx.json ? JSON.stringify(result) + '\n' : human(result));
     return 0;
   } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`switchyard admin: ${err.message}\n\n${USAGE}`);
+      return 2;
+    }
     if (err instanceof CliError) {
       process.stderr.write(`switchyard admin: ${err.message}\n`);
       return 1;

@@ -48,4 +48,25 @@ describe('switchyard usage', () => {
       assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
     }
   });
+  it('admin: a missing required flag or a bad number is bad usage, exit 2, before any request', async () => {
+    // Nothing listens on port 9: a request would fail with exit 1.
+    const env = { SWITCHYARD_URL: 'http://127.0.0.1:9', SWITCHYARD_ADMIN_TOKEN: 'swyop_x' };
+    for (const [args, reason] of [
+      [['admin', 'project', 'create'], /^switchyard admin: --slug is required/],
+      [['admin', 'key', 'list'], /^switchyard admin: --project is required/],
+      [
+        ['admin', 'model', 'create', '--name', 'm', '--context-window', 'lots'],
+        /^switchyard admin: --context-window must be an integer/,
+      ],
+      [
+        ['admin', 'user', 'password', 'u1'],
+        /^switchyard admin: user password: give --password-stdin/,
+      ],
+    ] as Array<[string[], RegExp]>) {
+      const r = await runSwitchyard(args, env);
+      assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`);
+      assert.match(r.stderr, reason);
+      assert.match(r.stderr, /^usage: switchyard admin /m);
+    }
+  });
 });
