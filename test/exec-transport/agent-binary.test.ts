@@ -239,4 +239,26 @@ describe('switchyard agent (binary)', () => {
     assert.equal(directory.enrolls.at(-1)?.registrationName, 'file-agent');
     assert.equal(await proc.stop('SIGTERM'), 0);
   });
+  it('a second agent on the same identity file: the first, superseded, exits 1 saying so', async () => {
+    const shared = join(tmp.dir, 'shared.key');
+    const first = spawnSwitchyard(
+      ['agent', '--name', 'shared-agent', '--key-file', shared],
+      env({ SWITCHYARD_AGENT_JOIN_KEY: JOIN_KEY }),
+    );
+    let second: Spawned | undefined;
+    try {
+      await first.waitFor(/"msg":"connected to broker"/, 10_000);
+      second = spawnSwitchyard(['agent', '--key-file', shared], env());
+      await second.waitFor(/"msg":"connected to broker"/, 10_000);
+      await eventually(() => first.child.exitCode !== null, 10_000, 'the first agent exits');
+      assert.equal(first.child.exitCode, 1, first.stderr());
+      assert.match(first.stderr(), /another agent process uses this identity/);
+      // Not taken back: the second stays the one connected.
+      assert.equal(second.stdout().split('"msg":"connected to broker"').length - 1, 1);
+      assert.equal(await second.stop('SIGTERM'), 0);
+    } finally {
+      await first.stop('SIGKILL');
+      await second?.stop('SIGKILL');
+    }
+  });
 });

@@ -14,7 +14,8 @@
  *    next one starts after an exponential backoff with jitter (reset once a
  *    session is welcomed). Tools keep running across sessions; their results
  *    are kept until the broker acknowledges them and sent again on the next
- *    session.
+ *    session. A `BYE superseded` (another process with this identity connected)
+ *    ends `run()` with an error instead.
  * Timers here are real: the agent is a separate process with real tools.
  */
 import { EventEmitter } from 'node:events';
@@ -170,6 +171,15 @@ export class AgentClient extends EventEmitter<AgentClientEvents> {
     while (!this.stopped) {
       const { reason, welcomed } = await this.runSession();
       if (this.stopped) break;
+      // Only another process with this identity opens a newer session than ours (our
+      // own next session starts after this one closed): reconnecting would take the
+      // session back from it, and the two would supersede each other for ever.
+      if (reason === 'bye:superseded') {
+        throw new Error(
+          `another agent process uses this identity (key file ${this.opts.keyFile}) and ` +
+            'took over its session: give each agent its own --key-file',
+        );
+      }
       this.emit('disconnected', reason);
       if (welcomed) attempt = 0;
       const delay = backoffDelay(
