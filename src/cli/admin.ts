@@ -202,7 +202,8 @@ export async function admin(argv: string[]): Promise<number> {
     return 2;
   }
   const ctx: Ctx = {
-    url: (o.url ?? process.env.SWITCHYARD_URL ?? `http://127.0.0.1:${config.port}`).replace(
+    // An empty variable is unset, as for every setting (src/config).
+    url: (o.url ?? (process.env.SWITCHYARD_URL || `http://127.0.0.1:${config.port}`)).replace(
       /\/+$/,
       '',
     ),

@@ -69,4 +69,13 @@ describe('switchyard usage', () => {
       assert.match(r.stderr, /^usage: switchyard admin /m);
     }
   });
+  it('admin: an empty SWITCHYARD_URL is unset, as every setting: the default URL', async () => {
+    const r = await runSwitchyard(['admin', 'project', 'list'], {
+      SWITCHYARD_URL: '',
+      PORT: '9', // nothing listens there
+      SWITCHYARD_ADMIN_TOKEN: 'swyop_x',
+    });
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr, /ECONNREFUSED 127\.0\.0\.1:9/);
+  });
 });
