@@ -55,6 +55,16 @@ function num(name: string, raw: string | undefined, def: number, min: number): n
   return n;
 }
 
+/**
+ * A broker socket: the broker binds TCP only. Checked here, or ZeroMQ's bare
+ * "Protocol not supported" / "Invalid argument" would end the agent later (exit 1).
+ */
+function endpoint(name: string, raw: string): string {
+  if (!/^tcp:\/\/[^\s/]+:\d{1,5}$/.test(raw))
+    throw new UsageError(`--${name}: a broker endpoint tcp://HOST:PORT is required, not '${raw}'`);
+  return raw;
+}
+
 export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
   let client: AgentClient;
   let logger: ReturnType<typeof createLogger>;
@@ -109,10 +119,15 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
       Object.entries(env).filter(([k]) => !k.startsWith('SWITCHYARD_AGENT_')),
     );
     client = new AgentClient({
-      enrollEndpoint:
+      enrollEndpoint: endpoint(
+        'enroll-endpoint',
         values['enroll-endpoint'] ??
-        (env.SWITCHYARD_AGENT_ENROLL_ENDPOINT || 'tcp://127.0.0.1:7601'),
-      agentEndpoint: values.endpoint ?? (env.SWITCHYARD_AGENT_ENDPOINT || 'tcp://127.0.0.1:7602'),
+          (env.SWITCHYARD_AGENT_ENROLL_ENDPOINT || 'tcp://127.0.0.1:7601'),
+      ),
+      agentEndpoint: endpoint(
+        'endpoint',
+        values.endpoint ?? (env.SWITCHYARD_AGENT_ENDPOINT || 'tcp://127.0.0.1:7602'),
+      ),
       serverKey,
       ...(joinKey ? { joinKey } : {}),
       ...(name ? { registrationName: name } : {}),

@@ -261,4 +261,17 @@ describe('switchyard agent (binary)', () => {
       await second?.stop('SIGKILL');
     }
   });
+  it('an endpoint that is no tcp://HOST:PORT is bad usage: exit 2 naming the flag', async () => {
+    for (const [flag, value] of [
+      ['--enroll-endpoint', 'http://router:7601'],
+      ['--endpoint', 'tcp://router'],
+    ]) {
+      const r = await runSwitchyard(
+        ['agent', '--name', 'x', '--key-file', join(tmp.dir, 'ep.key'), `${flag}=${value}`],
+        env({ SWITCHYARD_AGENT_JOIN_KEY: JOIN_KEY }),
+      );
+      assert.equal(r.code, 2, `${flag}: ${r.stderr}`);
+      assert.match(r.stderr, new RegExp(`^switchyard agent: ${flag}: `, 'm'));
+    }
+  });
 });
