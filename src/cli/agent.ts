@@ -110,10 +110,15 @@ export async function agent(argv: string[], env: NodeJS.ProcessEnv = process.env
     const name = values.name ?? (env.SWITCHYARD_AGENT_NAME || undefined);
     const manifest = loadManifestFile(manifestPath);
     // Synchronous stdout: an agent logs little, and lines must not wait in a buffer.
-    logger = createLogger(
-      values['log-level'] ?? env.LOG_LEVEL ?? 'info',
-      pino.destination({ dest: 1, sync: true }),
-    ).child({ component: 'agent' });
+    const level = values['log-level'] ?? (env.LOG_LEVEL || 'info');
+    if (level !== 'silent' && !Object.hasOwn(pino.levels.values, level)) {
+      throw new UsageError(
+        `--log-level: one of ${Object.keys(pino.levels.values).join(', ')}, silent`,
+      );
+    }
+    logger = createLogger(level, pino.destination({ dest: 1, sync: true })).child({
+      component: 'agent',
+    });
     // Tools inherit the environment without the agent's own settings (the join key).
     const toolEnv = Object.fromEntries(
       Object.entries(env).filter(([k]) => !k.startsWith('SWITCHYARD_AGENT_')),

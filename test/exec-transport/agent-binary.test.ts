@@ -274,4 +274,14 @@ describe('switchyard agent (binary)', () => {
       assert.match(r.stderr, new RegExp(`^switchyard agent: ${flag}: `, 'm'));
     }
   });
+  it('an unknown --log-level is bad usage (exit 2); an empty LOG_LEVEL is unset', async () => {
+    const keyFile = join(tmp.dir, 'lvl.key');
+    const bad = await runSwitchyard(['agent', '--key-file', keyFile, '--log-level', 'loud'], env());
+    assert.equal(bad.code, 2, bad.stderr);
+    assert.match(bad.stderr, /^switchyard agent: --log-level: /m);
+    // Not enrolled and no join key: exit 4 once it runs, so the empty level was accepted.
+    const empty = await runSwitchyard(['agent', '--key-file', keyFile], env({ LOG_LEVEL: '' }));
+    assert.equal(empty.code, 4, empty.stderr);
+    assert.match(empty.stdout, /"msg":"agent starting"/);
+  });
 });
