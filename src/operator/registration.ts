@@ -142,7 +142,7 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
       if (!w) throw new ServiceError('worker_not_found', { param: 'id' });
       // Back from missed heartbeats: re-admitted at once, unless this router's checks fail.
       if (w.status === 'unhealthy' && s.monitor.checksOk(w.id)) {
-        if (await s.workers.setStatus(w.id, 'healthy')) {
+        if (await s.workers.setStatus(w.id, 'healthy', 'unhealthy')) {
           w.status = 'healthy';
           await s.bus.publish('workers', w.id);
           await s.monitor.reconcile();

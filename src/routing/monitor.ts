@@ -29,7 +29,7 @@ import type { InvalidationBus } from '../runtime/invalidation.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Metrics, SCRAPE_FAILURE_REASONS } from '../runtime/metrics.js';
 import type { WorkerPool } from './pool.js';
-import type { WorkerRecord, WorkerRegistry } from './registry.js';
+import type { WorkerRecord, WorkerRegistry, WorkerStatus } from './registry.js';
 import { extractSignals, metricsUrl, parsePrometheusText } from './signals.js';
 
 export interface MonitorSettings {
@@ -240,7 +240,9 @@ export class WorkerMonitor {
     if (w.status === 'draining') return 'unchanged';
     const healthy = heartbeatOk && fails < settings.failedChecks;
     const next = healthy ? 'healthy' : 'unhealthy';
-    if (next === w.status || !(await registry.setStatus(w.id, next))) return 'unchanged';
+    // Only from the status this pass read: a drain recorded meanwhile stays.
+    const from = w.status as WorkerStatus;
+    if (next === from || !(await registry.setStatus(w.id, next, from))) return 'unchanged';
     w.status = next;
     if (healthy) logger.info({ worker: w.id }, 'worker healthy again');
     else {

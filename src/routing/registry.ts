@@ -193,12 +193,22 @@ export class WorkerRegistry {
     return rows.length > 0 ? this.get(id) : null;
   }
 
-  /** Sets the status; true when it changed (so callers publish only real transitions). */
-  async setStatus(id: string, status: WorkerStatus): Promise<boolean> {
+  /**
+   * Sets the status; true when it changed (so callers publish only real transitions).
+   * `from`: only if the status is still that one (a verdict formed on an earlier read,
+   * such as the monitor's, must not overwrite a drain recorded since).
+   */
+  async setStatus(id: string, status: WorkerStatus, from?: WorkerStatus): Promise<boolean> {
     const rows = await this.db
       .update(workers)
       .set({ status })
-      .where(and(eq(workers.id, id), ne(workers.status, status)))
+      .where(
+        and(
+          eq(workers.id, id),
+          ne(workers.status, status),
+          from === undefined ? undefined : eq(workers.status, from),
+        ),
+      )
       .returning({ id: workers.id });
     return rows.length > 0;
   }
