@@ -16,14 +16,20 @@ import type { ModelRecord } from '../models/repository.js';
 import type { Services } from '../runtime/services.js';
 
 /**
- * A worker's OpenAI base URL: http(s), ending in /v1. Credentials in it are refused:
- * the router would not send them (workers are reached without them) and the URL is
- * shown in the operator API and logged with the worker's health.
+ * A worker's OpenAI base URL: http(s), its path ending in /v1, without a query or
+ * fragment (the router appends `/chat/completions` to the path and sends neither).
+ * Credentials in it are refused: the router would not send them (workers are reached
+ * without them) and the URL is shown in the operator API and logged with the
+ * worker's health.
  */
 export const workerUrl = z
   .url({ protocol: /^https?$/ })
   .max(2048)
-  .refine((u) => /\/v1\/?$/.test(u), 'must end in /v1')
+  .refine((u) => {
+    // Runs on what failed `url()` too: an unparsable value is that check's to name.
+    const parsed = URL.parse(u);
+    return !parsed || (/\/v1\/?$/.test(parsed.pathname) && !/[?#]/.test(u));
+  }, 'must end in /v1, without a query or fragment')
   .refine((u) => {
     // Runs on what failed `url()` too: an unparsable value is that check's to name.
     const parsed = URL.parse(u);

@@ -68,6 +68,14 @@ describe('operator API', () => {
     ['/workers', 'bad tier', { model: 'm', tier: 'platinum', url: 'http://h/v1' }, 'tier'],
     ['/workers', 'url without /v1', { model: 'm', tier: 'cpu', url: 'http://h:1' }, 'url'],
     ['/workers', 'non-http url', { model: 'm', tier: 'cpu', url: 'ftp://h/v1' }, 'url'],
+    // The router sends requests to the URL's path: /v1 in its query or fragment is not it.
+    ['/workers', '/v1 in the query', { model: 'm', tier: 'cpu', url: 'http://h:1/?p=/v1' }, 'url'],
+    [
+      '/workers',
+      '/v1 in the fragment',
+      { model: 'm', tier: 'cpu', url: 'http://h:1/x#/v1' },
+      'url',
+    ],
     // It would be shown by the operator API and logged with the worker's health.
     [
       '/workers',
