@@ -380,6 +380,33 @@ describe('WorkerScorer', () => {
     assert.equal(n.route.predictedTtftMs, fresh.route.predictedTtftMs);
   });
 
+  it('requests of a forgotten worker do not count against it when it is back under its id', () => {
+    const s = make(1000);
+    const old = [0, 1, 2].map((i) => {
+      const c = s.choose([{ id: 'back' }], request(s, `${prompt} old ${i}`, { nowMs: 0 }));
+      assert.ok(c.ok);
+      return c.route;
+    });
+    s.firstToken(old[0]!, { nowMs: 10 });
+    s.forget('back'); // deleted while they ran, then added again
+    const fresh = s.choose([{ id: 'back' }], request(s, `${prompt} new`, { nowMs: 20 }));
+    assert.ok(fresh.ok);
+    const before = s.snapshot().find((x) => x.workerId === 'back')!;
+    s.finish(old[0]!, { ttftMs: 10, promptTokens: 1000, cachedTokens: 0 });
+    s.fail(old[1]!, { nowMs: 30 });
+    s.firstToken(old[2]!, { nowMs: 30 });
+    s.fail(old[2]!, { nowMs: 40 });
+    assert.deepEqual(
+      s.snapshot().find((x) => x.workerId === 'back'),
+      before,
+      "the old requests' ends leave the new state alone",
+    );
+    s.fail(fresh.route, { nowMs: 50 });
+    const after = s.snapshot().find((x) => x.workerId === 'back')!;
+    assert.equal(after.inFlight, 0);
+    assert.equal(after.pendingPrefillTokens, 0);
+  });
+
   it('feeds reported cached_tokens back into the prefix index', () => {
     const s = make();
     const a = s.choose(candidates, request(s, prompt + 'a'));

@@ -276,6 +276,11 @@ export class WorkerScorer {
   readonly constants: ScoreConstants;
   readonly maxInFlight: number;
   private readonly workers = new Map<string, WorkerState>();
+  /**
+   * The state each route was counted in: a worker forgotten and back under its id has
+   * a new one, which its earlier requests' ends must not touch.
+   */
+  private readonly owners = new WeakMap<Route, WorkerState>();
   private meanWork: number;
   private rr = 0;
 
@@ -365,6 +370,7 @@ export class WorkerScorer {
       runningAtFirstToken: 0,
     };
     st.queued.add(route);
+    this.owners.set(route, st);
     return { ok: true, route, scores };
   }
 
@@ -373,7 +379,7 @@ export class WorkerScorer {
     if (route.started || route.done) return;
     route.started = true;
     // A worker forgotten meanwhile (it left the pool) is not brought back by its requests.
-    const st = this.workers.get(route.workerId);
+    const st = this.stateOf(route);
     if (!st) return;
     this.leaveQueue(st, route, at?.nowMs);
     route.runningAtFirstToken = st.running;
@@ -386,7 +392,7 @@ export class WorkerScorer {
     this.firstToken(route);
     route.done = true;
     const k = this.constants;
-    const st = this.workers.get(route.workerId);
+    const st = this.stateOf(route);
     if (!st) return;
     st.inFlight = Math.max(0, st.inFlight - 1);
     st.running = Math.max(0, st.running - 1);
@@ -416,7 +422,7 @@ export class WorkerScorer {
   fail(route: Route, at?: { nowMs?: number }): void {
     if (route.done) return;
     route.done = true;
-    const st = this.workers.get(route.workerId);
+    const st = this.stateOf(route);
     if (!st) return;
     st.inFlight = Math.max(0, st.inFlight - 1);
     if (route.started) st.running = Math.max(0, st.running - 1);
@@ -503,6 +509,12 @@ export class WorkerScorer {
       tpotBaseMs: bn ? b / bn : 0,
       meanWorkTokens: this.meanWork,
     };
+  }
+
+  /** The route's worker state, unless the worker was forgotten since the route was made. */
+  private stateOf(route: Route): WorkerState | undefined {
+    const st = this.workers.get(route.workerId);
+    return st && this.owners.get(route) === st ? st : undefined;
   }
 
   private state(id: string): WorkerState {
