@@ -127,7 +127,9 @@ function sum(v: number[] | undefined): number | null {
 
 function ratio(v: number[] | undefined): number | null {
   if (!v || v.length === 0) return null;
-  const m = Math.max(...v);
+  // Not `Math.max(...v)`: a page of some 150,000 samples overflows the call stack, and
+  // the throw would fail the monitor's whole pass (every worker's health with it).
+  const m = v.reduce((a, b) => Math.max(a, b), -Infinity);
   return Number.isFinite(m) && m >= 0 ? Math.min(1, m) : null;
 }
 

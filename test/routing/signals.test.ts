@@ -111,6 +111,20 @@ describe('worker signals from /metrics', () => {
     });
   });
 
+  it('a page as large as the monitor reads (4 MiB) of one KV series: read, no throw', () => {
+    // One series per line: the most samples a page the monitor keeps can hold.
+    const line = 'sglang:token_usage 0.25\n';
+    const text = line.repeat(Math.floor((4 << 20) / line.length));
+    const s = extractSignals(parsePrometheusText(text), AT);
+    assert.deepEqual(s, {
+      running: null,
+      waiting: null,
+      kvCacheUsage: 0.25,
+      scrapedAt: AT,
+      source: 'sglang',
+    });
+  });
+
   it('metrics URL: the origin (and path prefix) of the /v1 base URL', () => {
     assert.equal(metricsUrl('http://10.0.0.5:8000/v1'), 'http://10.0.0.5:8000/metrics');
     assert.equal(metricsUrl('https://gw.example/pool-a/v1/'), 'https://gw.example/pool-a/metrics');
