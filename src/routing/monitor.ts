@@ -48,15 +48,31 @@ export interface MonitorSettings {
 /** One HTTP GET: status and body, or a thrown error when the worker is unreachable. */
 export type Probe = (url: string, timeoutMs: number) => Promise<{ status: number; body: string }>;
 
+/** The most of a worker's /metrics page the monitor reads. */
+const MAX_METRICS_BYTES = 4 << 20;
+
 const httpProbe: Probe = async (url, timeoutMs) => {
   const res = await request(url, {
     method: 'GET',
     headersTimeout: timeoutMs,
     bodyTimeout: timeoutMs,
   });
-  // A metrics page is small; anything larger is not one and would cost memory.
-  const body = res.statusCode === 200 ? (await res.body.text()).slice(0, 4 << 20) : '';
-  if (res.statusCode !== 200) await res.body.dump();
+  if (res.statusCode !== 200) {
+    await res.body.dump();
+    return { status: res.statusCode, body: '' };
+  }
+  // A metrics page is small; anything larger is not one and would cost memory. Read
+  // no more than the cap: a page that never ends would otherwise hold the pass (every
+  // worker's health) for good.
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of res.body) {
+    const b = chunk as Buffer;
+    chunks.push(b);
+    size += b.length;
+    if (size >= MAX_METRICS_BYTES) break;
+  }
+  const body = Buffer.concat(chunks).toString('utf8').slice(0, MAX_METRICS_BYTES);
   return { status: res.statusCode, body };
 };
 
