@@ -56,6 +56,8 @@ const httpProbe: Probe = async (url, timeoutMs) => {
     method: 'GET',
     headersTimeout: timeoutMs,
     bodyTimeout: timeoutMs,
+    // The whole check, too: a page trickling in is never idle for `bodyTimeout`.
+    signal: AbortSignal.timeout(timeoutMs),
   });
   if (res.statusCode !== 200) {
     await res.body.dump();

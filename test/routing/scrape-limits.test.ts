@@ -1,7 +1,9 @@
 /**
  * A worker whose /metrics never ends (a misbehaving exporter, or not a metrics page
  * at all): the monitor reads at most the 4 MiB it keeps of a page and goes on, so
- * its pass finishes and the other workers' health is still kept (fake clock).
+ * its pass finishes and the other workers' health is still kept (fake clock). A page
+ * that trickles in is cut at the check's timeout (real time, as the connection's):
+ * a failed check.
  */
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
@@ -16,6 +18,7 @@ describe('a /metrics page that never ends', () => {
   let s: TestServer;
   let endless: { url: string; close: () => Promise<void> };
   let down: { url: string; close: () => Promise<void> };
+  let trickle: { url: string; close: () => Promise<void> };
   const status = async (id: string) =>
     ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
       (x) => x.id === id,
@@ -42,10 +45,19 @@ describe('a /metrics page that never ends', () => {
       }),
     );
     down = await listenWorker(createServer((_req, res) => res.writeHead(500).end()));
+    // Never idle long enough for the connection's idle timeout, never done either.
+    trickle = await listenWorker(
+      createServer((_req, res) => {
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        const timer = setInterval(() => res.write('# still here\n'), 100);
+        res.once('close', () => clearInterval(timer));
+      }),
+    );
     await s.admin('POST', '/models', { name: 'em', context_window: 4096 });
     for (const [id, url] of [
       ['endless', endless.url],
       ['down', down.url],
+      ['trickle', trickle.url],
     ] as const) {
       const r = await s.admin('POST', '/workers', { model: 'em', tier: 'gpu', url, id });
       assert.equal(r.status, 201, r.text);
@@ -56,6 +68,7 @@ describe('a /metrics page that never ends', () => {
     await s.close();
     await endless.close();
     await down.close();
+    await trickle.close();
   });
 
   it('the pass finishes and the failing worker is marked unhealthy', async () => {
@@ -67,5 +80,6 @@ describe('a /metrics page that never ends', () => {
     assert.ok(settled, 'the monitor pass did not finish');
     assert.equal(await status('down'), 'unhealthy');
     assert.equal(await status('endless'), 'healthy');
+    assert.equal(await status('trickle'), 'unhealthy');
   });
 });
