@@ -246,7 +246,8 @@ export class WorkerMonitor {
       );
       const age = now - last;
       if (age > settings.expireMs) {
-        if (await registry.remove(w.id)) {
+        // Only if still silent: a heartbeat or re-registration since the list keeps it.
+        if (await registry.expire(w.id, w.lastHeartbeatAt)) {
           this.forget(w.id);
           logger.warn({ worker: w.id, url: w.url }, 'worker removed: no heartbeat');
           return 'removed';

@@ -10,7 +10,7 @@
  * heartbeats, failed health checks; see monitor.ts), `draining` ones are not.
  */
 import { randomBytes } from 'node:crypto';
-import { and, asc, eq, ne } from 'drizzle-orm';
+import { and, asc, eq, isNull, ne } from 'drizzle-orm';
 import type { Db } from '../store/index.js';
 import { tables } from '../store/index.js';
 
@@ -207,6 +207,25 @@ export class WorkerRegistry {
           eq(workers.id, id),
           ne(workers.status, status),
           from === undefined ? undefined : eq(workers.status, from),
+        ),
+      )
+      .returning({ id: workers.id });
+    return rows.length > 0;
+  }
+
+  /**
+   * Removes a self-registered worker that missed its heartbeats, unless one arrived
+   * (or it registered again) since `lastHeartbeatAt` was read.
+   */
+  async expire(id: string, lastHeartbeatAt: Date | null): Promise<boolean> {
+    const rows = await this.db
+      .delete(workers)
+      .where(
+        and(
+          eq(workers.id, id),
+          lastHeartbeatAt
+            ? eq(workers.lastHeartbeatAt, lastHeartbeatAt)
+            : isNull(workers.lastHeartbeatAt),
         ),
       )
       .returning({ id: workers.id });
