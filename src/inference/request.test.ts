@@ -323,6 +323,18 @@ const BAD: ReadonlyArray<readonly [string, unknown, string, string | null]> = [
     'stream_options',
   ],
   [
+    'stream_options without stream',
+    withFields({ stream_options: { include_usage: true } }),
+    'invalid_value',
+    'stream_options',
+  ],
+  [
+    'stream_options with stream false',
+    withFields({ stream: false, stream_options: { include_usage: false } }),
+    'invalid_value',
+    'stream_options',
+  ],
+  [
     'include_usage not a boolean',
     withFields({ stream: true, stream_options: { include_usage: 'yes' } }),
     'invalid_type',

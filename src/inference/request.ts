@@ -5,7 +5,8 @@
  * - One zod schema, built once at module load, checks types, ranges and enumerations;
  *   a short pass in plain code then checks the rules that span fields (tool messages
  *   need `tool_call_id`, `top_logprobs` needs `logprobs: true`, `n > 1` cannot stream,
- *   content part types allowed per role, `tool_choice` must name a declared tool, ...).
+ *   `stream_options` needs `stream: true`, content part types allowed per role,
+ *   `tool_choice` must name a declared tool, ...).
  *   A body of the common shapes that the schema would accept unchanged is recognised by
  *   a one-pass check in plain code instead (request-fast.ts; the hot path), with the
  *   same result; the schema still judges every other body and words every error.
@@ -352,6 +353,14 @@ export function parseChatRequest(body: unknown): ChatRequest {
       'unsupported_value',
       'n',
       "Unsupported value for 'n': only n=1 is supported when 'stream' is true.",
+    );
+  }
+  if (d.stream_options != null && !stream) {
+    // OpenAI refuses it too: usage options of a stream that will not be sent.
+    throw fail(
+      'invalid_value',
+      'stream_options',
+      "Invalid value for 'stream_options': it is only allowed when 'stream' is true.",
     );
   }
   const logprobs = d.logprobs ?? false;
