@@ -133,6 +133,63 @@ const variants: Record<string, { completion: Payload; chunks: Payload[] }> = {
   },
 };
 
+const vllmHead = {
+  id: 'chatcmpl-8f1',
+  object: 'chat.completion.chunk',
+  created: 1754524122,
+  model: 'qwen',
+  system_fingerprint: 'fp_vllm',
+};
+/** One vLLM chunk of choice 0. */
+const vchunk = (delta: Payload, finish: string | null = null): Payload => ({
+  ...vllmHead,
+  choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+});
+
+/** Streams written byte for byte: line endings, comments and endings of engines and proxies. */
+const rawStreams: Record<string, string[]> = {
+  // CRLF line ends, keep-alive comments, a tool call's arguments in many fragments
+  // and one `data:` line cut across writes.
+  'crlf-split-tools': [
+    ': ping\r\n\r\n',
+    `data: ${JSON.stringify(vchunk({ role: 'assistant', content: '' }))}\r\n\r\n`,
+    `data: ${JSON.stringify(
+      vchunk({
+        tool_calls: [
+          { index: 0, id: 'call_x', type: 'function', function: { name: 'f', arguments: '' } },
+        ],
+      }),
+    )}\r\n\r\n`,
+    ...['{"a"', ': 1', ', "b": ', '"two"}'].map(
+      (a) =>
+        `data: ${JSON.stringify(vchunk({ tool_calls: [{ index: 0, function: { arguments: a } }] }))}\r\n\r\n`,
+    ),
+    ': keep-alive\r\n\r\n',
+    `data: ${JSON.stringify(vchunk({}, 'tool_calls')).slice(0, 20)}`,
+    `${JSON.stringify(vchunk({}, 'tool_calls')).slice(20)}\r\n\r\n`,
+    `data: ${JSON.stringify({ ...vllmHead, choices: [], usage: { prompt_tokens: 7, completion_tokens: 6, total_tokens: 13 } })}\r\n\r\n`,
+    'data: [DONE]\r\n\r\n',
+  ],
+  refusal: [
+    `data: ${JSON.stringify(vchunk({ role: 'assistant', content: '' }))}\n\n`,
+    ...["I can't", ' help', ' with that.'].map(
+      (r) => `data: ${JSON.stringify(vchunk({ refusal: r }))}\n\n`,
+    ),
+    `data: ${JSON.stringify(vchunk({}, 'stop'))}\n\n`,
+    'data: [DONE]\n\n',
+  ],
+  // vLLM's mid-stream error: an error object as data, then the connection closes.
+  'error-mid-stream': [
+    `data: ${JSON.stringify(vchunk({ role: 'assistant', content: 'Hel' }))}\n\n`,
+    `data: ${JSON.stringify({ error: { object: 'error', message: 'engine dead', type: 'InternalServerError', code: 500 } })}\n\n`,
+  ],
+  // Some content, then the worker closes without [DONE].
+  'no-done': [
+    `data: ${JSON.stringify(vchunk({ role: 'assistant', content: 'Hel' }))}\n\n`,
+    `data: ${JSON.stringify(vchunk({ content: 'lo' }))}\n\n`,
+  ],
+};
+
 async function variantWorker() {
   const server = http.createServer((req, res) => {
     let raw = '';
@@ -144,6 +201,20 @@ async function variantWorker() {
         return;
       }
       const body = JSON.parse(raw) as Payload;
+      const writes = rawStreams[String(body.variant)];
+      if (writes !== undefined) {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        // Each piece in its own TCP write.
+        const next = (i: number) => {
+          if (i === writes.length) {
+            res.end();
+            return;
+          }
+          res.write(writes[i], () => setImmediate(next, i + 1));
+        };
+        next(0);
+        return;
+      }
       const v = variants[String(body.variant)];
       if (!v) {
         res.writeHead(400, { 'content-type': 'application/json' });
@@ -244,4 +315,55 @@ describe('what engines send, as the client gets it', () => {
       ],
     );
   });
+
+  const streamed = (variant: string, extra: Record<string, unknown> = {}) =>
+    ({ ...ask(variant, extra), stream: true }) as OpenAI.Chat.ChatCompletionCreateParamsStreaming;
+
+  it('CRLF lines, comments and split data lines: the SDK assembles the tool call', async () => {
+    const stream = client.chat.completions.stream(
+      streamed('crlf-split-tools', {
+        tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }],
+        stream_options: { include_usage: true },
+      }),
+    );
+    const ids = new Set<string>();
+    const created = new Set<number>();
+    for await (const c of stream) {
+      assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+      ids.add(c.id);
+      created.add(c.created);
+      assert.equal(c.system_fingerprint, 'fp_vllm');
+    }
+    assert.equal(ids.size, 1);
+    assert.equal(created.size, 1);
+    const done = await stream.finalChatCompletion();
+    const choice = done.choices[0]!;
+    assert.equal(choice.finish_reason, 'tool_calls');
+    assert.deepEqual(
+      choice.message.tool_calls?.map((t) => [t.id, t.function.name, t.function.arguments]),
+      [['call_x', 'f', '{"a": 1, "b": "two"}']],
+    );
+    assert.equal(done.usage?.total_tokens, 13);
+  });
+
+  it('refusal deltas assemble into message.refusal', async () => {
+    const stream = client.chat.completions.stream(streamed('refusal'));
+    for await (const c of stream) assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+    const message = (await stream.finalChatCompletion()).choices[0]!.message;
+    assert.equal(message.refusal, "I can't help with that.");
+  });
+
+  for (const variant of ['error-mid-stream', 'no-done']) {
+    it(`${variant}: the stream ends in an SSE error event the SDK raises`, async () => {
+      const stream = await client.chat.completions.create(streamed(variant));
+      let text = '';
+      await assert.rejects(async () => {
+        for await (const c of stream) {
+          assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+          text += c.choices[0]?.delta.content ?? '';
+        }
+      }, OpenAI.APIError);
+      assert.ok(text.startsWith('Hel'), text);
+    });
+  }
 });
