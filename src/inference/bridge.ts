@@ -39,6 +39,7 @@ import { Deadline } from './deadline.js';
 import type { Logger } from '../runtime/logger.js';
 import type { Tier } from '../tiers/index.js';
 import {
+  errorEventMessage,
   estimatedUsage,
   normalizeCompletion,
   StreamAccumulator,
@@ -389,6 +390,10 @@ export class ToolBridge {
         if (isDone(ev)) {
           done = true;
           continue;
+        }
+        if (ev.event === 'error') {
+          upstreamError = errorEventMessage(ev.data);
+          break;
         }
         let payload: unknown;
         try {

@@ -76,6 +76,7 @@ import {
   workerJson,
 } from './admission.js';
 import {
+  errorEventMessage,
   estimatedUsage,
   normalizeCompletion,
   StreamAccumulator,
@@ -633,6 +634,10 @@ export class ChatCompletions {
           if (isDone(ev)) {
             done = true;
             return true;
+          }
+          if (ev.event === 'error') {
+            upstreamError = errorEventMessage(ev.data);
+            return false;
           }
           let payload: unknown;
           try {

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
 import {
+  errorEventMessage,
   estimatedUsage,
   extractUsage,
   normalizeCompletion,
@@ -1299,6 +1300,16 @@ describe('upstreamErrorMessage', () => {
     assert.equal(upstreamErrorMessage({ choices: [] }), null);
     assert.equal(upstreamErrorMessage({ error: null }), null);
     assert.equal(upstreamErrorMessage('x'), null);
+  });
+});
+
+describe('errorEventMessage', () => {
+  it('reads a message from whatever an `event: error` carries', () => {
+    assert.equal(errorEventMessage('{"error":{"message":"oom"}}'), 'oom');
+    assert.equal(errorEventMessage('{"message":"engine dead","type":"X"}'), 'engine dead');
+    assert.equal(errorEventMessage('upstream reset'), 'upstream reset');
+    assert.equal(typeof errorEventMessage('{}'), 'string');
+    assert.equal(typeof errorEventMessage(''), 'string');
   });
 });
 

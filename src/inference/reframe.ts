@@ -645,6 +645,25 @@ export function upstreamErrorMessage(upstream: unknown): string | null {
   return msg ?? 'The inference worker reported an error.';
 }
 
+/**
+ * The message of an SSE event a worker named `error`. Such an event ends the stream
+ * whatever its data holds: an error envelope, a bare `{message, type}`, plain text.
+ */
+export function errorEventMessage(data: string): string {
+  let payload: unknown;
+  try {
+    payload = JSON.parse(data);
+  } catch {
+    return data.trim() || 'The inference worker reported an error.';
+  }
+  const body = asObj(payload);
+  return (
+    upstreamErrorMessage(payload) ??
+    (body === undefined ? undefined : asString(body.message)) ??
+    'The inference worker reported an error.'
+  );
+}
+
 // ---------------------------------------------------------------------------
 // non-streaming completions
 

@@ -183,6 +183,13 @@ const rawStreams: Record<string, string[]> = {
     `data: ${JSON.stringify(vchunk({ role: 'assistant', content: 'Hel' }))}\n\n`,
     `data: ${JSON.stringify({ error: { object: 'error', message: 'engine dead', type: 'InternalServerError', code: 500 } })}\n\n`,
   ],
+  // An SSE event named `error` whose data is a bare error object (no `error`
+  // member), and then the worker still ends with [DONE].
+  'error-event': [
+    `data: ${JSON.stringify(vchunk({ role: 'assistant', content: 'Hel' }))}\n\n`,
+    `event: error\ndata: ${JSON.stringify({ message: 'engine dead', type: 'InternalServerError' })}\n\n`,
+    'data: [DONE]\n\n',
+  ],
   // Some content, then the worker closes without [DONE].
   'no-done': [
     `data: ${JSON.stringify(vchunk({ role: 'assistant', content: 'Hel' }))}\n\n`,
@@ -353,7 +360,7 @@ describe('what engines send, as the client gets it', () => {
     assert.equal(message.refusal, "I can't help with that.");
   });
 
-  for (const variant of ['error-mid-stream', 'no-done']) {
+  for (const variant of ['error-mid-stream', 'error-event', 'no-done']) {
     it(`${variant}: the stream ends in an SSE error event the SDK raises`, async () => {
       const stream = await client.chat.completions.create(streamed(variant));
       let text = '';
