@@ -77,6 +77,33 @@ describe('rate-limit headers on the chat route', () => {
     assert.equal((await chat(f, key)).status, 429);
   });
 
+  it('a stream and a 400 after authentication carry the headers too; the warning only below 20 %', async () => {
+    f = await inferenceFixture({ tier: 'free' });
+    const key = await inferenceKey(f, { quotaRequests: 100_000 });
+    const headersOf = (r: Response) => ({
+      limit: r.headers.get('x-ratelimit-limit'),
+      remaining: r.headers.get('x-ratelimit-remaining'),
+      warning: r.headers.get('x-ratelimit-warning'),
+    });
+    const streamed = await postChat(f, { max_tokens: 2, stream: true }, undefined, key);
+    assert.equal(streamed.status, 200);
+    await streamed.text();
+    assert.deepEqual(headersOf(streamed), { limit: '33', remaining: '32', warning: null });
+    const bad = await postChat(f, { temperature: 9 }, undefined, key);
+    assert.equal(bad.status, 400);
+    await bad.text();
+    assert.deepEqual(headersOf(bad), { limit: '33', remaining: '31', warning: null });
+    // 33 * 0.2 = 6.6: Remaining 7 is not below it, 6 is.
+    for (let i = 0; i < 24; i++) assert.equal((await chat(f, key)).status, 200);
+    const seven = await postChat(f, { max_tokens: 2 }, undefined, key);
+    await seven.text();
+    assert.deepEqual(headersOf(seven), {
+      limit: '33',
+      remaining: '6',
+      warning: 'approaching_limit',
+    });
+  });
+
   it("a key quota's 429 (rolling window) has Reset = Retry-After: the next admission, not the window's end", async () => {
     f = await inferenceFixture({ tier: 'self_hosted' });
     const key = await inferenceKey(f, { quotaRequests: 3, quotaWindow: 60 });
