@@ -4,7 +4,7 @@
  * overridden by the setting), key proofs, and message decoding.
  */
 import assert from 'node:assert/strict';
-import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { curveKeyPair } from 'zeromq';
@@ -14,6 +14,7 @@ import {
   keyProof,
   publicKeyFromSecret,
   verifyKeyProof,
+  writePrivateJson,
 } from '../../src/exec/broker/keys.js';
 import { agentInbound, decode } from '../../src/exec/broker/protocol.js';
 import { isZ85Key, z85Decode, z85Encode } from '../../src/exec/broker/z85.js';
@@ -48,6 +49,22 @@ describe('CURVE keys', () => {
     // The setting wins over the file.
     const other = curveKeyPair();
     assert.deepEqual(loadBrokerKeyPair(file, other.secretKey), other);
+  });
+
+  it('a private file is replaced whole (a new file renamed over it), never rewritten in place', () => {
+    const dir = join(tmp.dir, 'replace');
+    const file = join(dir, 'identity.json');
+    writePrivateJson(file, { n: 1 });
+    const before = statSync(file);
+    chmodSync(file, 0o644); // restored from a backup, say
+    writePrivateJson(file, { n: 2, pad: 'x'.repeat(10_000) });
+    const now = statSync(file);
+    // Rewritten in place (truncate, then write), a crash between the two left an
+    // empty file, and the agent's keypair with it.
+    assert.notEqual(now.ino, before.ino, 'the old file was truncated and rewritten');
+    assert.equal(now.mode & 0o777, 0o600);
+    assert.deepEqual(JSON.parse(readFileSync(file, 'utf8')), { n: 2, pad: 'x'.repeat(10_000) });
+    assert.deepEqual(readdirSync(dir), ['identity.json'], 'no temporary file left');
   });
 
   it('a key file whose halves do not match is refused', () => {

@@ -23,7 +23,17 @@ import {
   timingSafeEqual,
   type KeyObject,
 } from 'node:crypto';
-import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  closeSync,
+  fsyncSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { dirname } from 'node:path';
 import { curveKeyPair } from 'zeromq';
 import { isZ85Key, z85Decode, z85Encode } from './z85.js';
@@ -114,11 +124,30 @@ export function checkKeyPair(pair: { publicKey?: unknown; secretKey?: unknown })
   return { publicKey, secretKey: pair.secretKey };
 }
 
-/** Writes a JSON file only the owner can read (created with mode 0600, re-chmodded). */
+/**
+ * Writes a JSON file only the owner can read, in place of any earlier one at once:
+ * the bytes go to a temporary file beside it (mode 0600), flushed to disk, then
+ * renamed over it, so a crash mid-write (an agent's re-enrollment, say) leaves the
+ * old keypair or the new one, never an empty or half-written file.
+ */
 export function writePrivateJson(path: string, value: unknown): void {
+  const text = JSON.stringify(value, null, 2) + '\n';
   mkdirSync(dirname(path), { recursive: true });
-  writeFileSync(path, JSON.stringify(value, null, 2) + '\n', { mode: 0o600 });
-  chmodSync(path, 0o600);
+  const tmp = `${path}.${process.pid}.tmp`;
+  try {
+    const fd = openSync(tmp, 'w', 0o600);
+    try {
+      writeFileSync(fd, text);
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    chmodSync(tmp, 0o600);
+    renameSync(tmp, path);
+  } catch (err) {
+    rmSync(tmp, { force: true });
+    throw err;
+  }
 }
 
 /**
