@@ -8,7 +8,12 @@ import assert from 'node:assert/strict';
 import { createServer, type ServerResponse } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { listenWorker } from '../support/fake-worker.js';
-import { monitorPasses, startTestServer, type TestServer } from '../support/harness.js';
+import {
+  monitorPasses,
+  startTestServer,
+  type TestServer,
+  workerStatus,
+} from '../support/harness.js';
 
 const SCRAPE_MS = 1000;
 const METRICS = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n';
@@ -19,10 +24,7 @@ describe('a drain during a monitor pass', () => {
   let failing = false;
   /** While set, scrapes wait here; `arrived` once both workers' scrapes have. */
   let held: { arrived: () => void; res: ServerResponse[] } | null = null;
-  const status = async (id: string) =>
-    ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
-      (x) => x.id === id,
-    )?.status;
+  const status = (id: string) => workerStatus(s, id);
 
   before(async () => {
     s = await startTestServer({

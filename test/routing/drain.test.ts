@@ -11,9 +11,10 @@ import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import {
   http,
   monitorPasses,
-  startTestServer,
   type Res,
+  startTestServer,
   type TestServer,
+  workerStatus,
 } from '../support/harness.js';
 
 const WORKER_TOKEN = 'drain-worker-token';
@@ -35,10 +36,7 @@ describe('draining a worker', () => {
       key,
       body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
     });
-  const status = async (id: string) =>
-    ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
-      (w) => w.id === id,
-    )?.status;
+  const status = (id: string) => workerStatus(s, id);
   const endpoint = async () =>
     (
       (await s.admin('GET', '/projects/dp/endpoints')).body.data as Array<Record<string, unknown>>

@@ -11,9 +11,10 @@ import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import {
   http,
   monitorPasses,
-  startTestServer,
   type Res,
+  startTestServer,
   type TestServer,
+  workerStatus,
 } from '../support/harness.js';
 
 const WORKER_TOKEN = 'test-worker-token';
@@ -161,10 +162,7 @@ describe('worker registry and health', () => {
   });
 
   it('after the database was unreachable, heartbeat ages count from its return', async () => {
-    const status = async () =>
-      ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
-        (x) => x.id === id,
-      )?.status;
+    const status = () => workerStatus(s, id);
     // The registry cannot be read (nor heartbeats written) for four heartbeat periods.
     const registry = s.services.workers;
     const list = registry.list.bind(registry);

@@ -10,7 +10,7 @@ import { createServer } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { listenWorker } from '../support/fake-worker.js';
-import { startTestServer, type TestServer } from '../support/harness.js';
+import { startTestServer, type TestServer, workerStatus } from '../support/harness.js';
 
 const SCRAPE_MS = 1000;
 
@@ -19,10 +19,7 @@ describe('a /metrics page that never ends', () => {
   let endless: { url: string; close: () => Promise<void> };
   let down: { url: string; close: () => Promise<void> };
   let trickle: { url: string; close: () => Promise<void> };
-  const status = async (id: string) =>
-    ((await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>).find(
-      (x) => x.id === id,
-    )?.status;
+  const status = (id: string) => workerStatus(s, id);
 
   before(async () => {
     s = await startTestServer({

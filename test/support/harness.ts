@@ -250,6 +250,12 @@ export async function seedProject(
   };
 }
 
+/** A worker's status as the operator API lists it (undefined when not listed). */
+export async function workerStatus(s: TestServer, id: string): Promise<unknown> {
+  const listed = (await s.admin('GET', '/workers')).body.data as Array<Record<string, unknown>>;
+  return listed.find((w) => w.id === id)?.status;
+}
+
 /** Advances the fake clock by whole worker-monitor periods, letting each pass finish. */
 export async function monitorPasses(s: TestServer, ms: number, periodMs: number): Promise<void> {
   for (let t = 0; t < ms; t += periodMs) {
