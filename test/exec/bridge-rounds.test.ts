@@ -12,22 +12,14 @@ import OpenAI from 'openai';
 import { MAX_ROUNDS } from '../../src/inference/bridge.js';
 import type { InferenceFixture } from '../support/inference.js';
 import { AutoTransport, bridgeFixture } from './agents.js';
-import { listenWorker } from '../support/fake-worker.js';
+import { listenWorker, onPost } from '../support/fake-worker.js';
 
 /** Answers every request with a call of `fs_read`, whatever `tool_choice` says. */
 async function toolHappyWorker() {
   const seen: Array<{ toolChoice: unknown; stream: boolean }> = [];
   let n = 0;
-  const server = http.createServer((req, res) => {
-    let raw = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (raw += d));
-    req.on('end', () => {
-      if (req.method !== 'POST') {
-        res.end('');
-        return;
-      }
-      const body = JSON.parse(raw) as Record<string, unknown>;
+  const server = http.createServer(
+    onPost((body, res) => {
       seen.push({ toolChoice: body.tool_choice, stream: body.stream === true });
       n++;
       // A safety valve for the code under test: past 20 rounds, answer, so a bridge
@@ -81,8 +73,8 @@ async function toolHappyWorker() {
           chunk({ choices: [], usage }) +
           'data: [DONE]\n\n',
       );
-    });
-  });
+    }),
+  );
   return {
     ...(await listenWorker(server)),
     seen,

@@ -14,21 +14,13 @@ import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { tables } from '../../src/store/index.js';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
-import { listenWorker } from '../support/fake-worker.js';
+import { listenWorker, onPost } from '../support/fake-worker.js';
 
 /** An OpenAI-compatible worker answering "ok" to everything, keeping every request body. */
 async function recordingWorker() {
   const bodies: Array<Record<string, unknown>> = [];
-  const server = http.createServer((req, res) => {
-    let raw = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (raw += d));
-    req.on('end', () => {
-      if (req.method !== 'POST') {
-        res.end('');
-        return;
-      }
-      const body = JSON.parse(raw) as Record<string, unknown>;
+  const server = http.createServer(
+    onPost((body, res) => {
       bodies.push(body);
       // A test's unknown field, forwarded: answer 400 with that error object.
       if (body.fail_with) {
@@ -96,8 +88,8 @@ async function recordingWorker() {
           // Some servers close right after the last line, without its blank line.
           (body.done_unterminated ? 'data: [DONE]' : 'data: [DONE]\n\n'),
       );
-    });
-  });
+    }),
+  );
   return {
     ...(await listenWorker(server)),
     bodies,

@@ -17,7 +17,7 @@ import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 import { validateChunk, validateCompletion } from '../support/openai-schemas.js';
-import { listenWorker } from '../support/fake-worker.js';
+import { listenWorker, onPost } from '../support/fake-worker.js';
 
 type Payload = Record<string, unknown>;
 
@@ -198,16 +198,9 @@ const rawStreams: Record<string, string[]> = {
 };
 
 async function variantWorker() {
-  const server = http.createServer((req, res) => {
-    let raw = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (raw += d));
-    req.on('end', () => {
-      if (req.method !== 'POST') {
-        res.end('');
-        return;
-      }
-      const body = JSON.parse(raw) as Payload;
+  const server = http.createServer(
+    onPost((received, res) => {
+      const body = received as Payload;
       const writes = rawStreams[String(body.variant)];
       if (writes !== undefined) {
         res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -235,8 +228,8 @@ async function variantWorker() {
       }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.end(v.chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n');
-    });
-  });
+    }),
+  );
   return listenWorker(server);
 }
 

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
-import { listenWorker } from '../support/fake-worker.js';
+import { listenWorker, onPost } from '../support/fake-worker.js';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 
 type Payload = Record<string, unknown>;
@@ -39,16 +39,9 @@ const streams: Record<string, Payload[]> = {
 };
 
 async function cannedWorker(bodies: Payload[]) {
-  const server = http.createServer((req, res) => {
-    let raw = '';
-    req.setEncoding('utf8');
-    req.on('data', (d: string) => (raw += d));
-    req.on('end', () => {
-      if (req.method !== 'POST') {
-        res.end('');
-        return;
-      }
-      const body = JSON.parse(raw) as Payload;
+  const server = http.createServer(
+    onPost((received, res) => {
+      const body = received as Payload;
       bodies.push(body);
       const messages = body.messages as Array<{ content: string }>;
       const chunks = streams[messages.at(-1)!.content];
@@ -74,8 +67,8 @@ async function cannedWorker(bodies: Payload[]) {
         return;
       }
       res.end(chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n');
-    });
-  });
+    }),
+  );
   return listenWorker(server);
 }
 

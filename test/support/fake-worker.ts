@@ -4,7 +4,7 @@
  * drops the connections the router keeps alive.
  */
 import { once } from 'node:events';
-import type { Server } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 export async function listenWorker(
@@ -19,5 +19,26 @@ export async function listenWorker(
       server.close();
       await once(server, 'close');
     },
+  };
+}
+
+/**
+ * A request listener for a fake worker that answers POSTs from their JSON body
+ * (`handle`), and anything else (the router's health checks) with an empty 200.
+ */
+export function onPost(
+  handle: (body: Record<string, unknown>, res: ServerResponse) => void,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  return (req, res) => {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (d: string) => (raw += d));
+    req.on('end', () => {
+      if (req.method !== 'POST') {
+        res.end('');
+        return;
+      }
+      handle(JSON.parse(raw) as Record<string, unknown>, res);
+    });
   };
 }
