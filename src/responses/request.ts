@@ -23,6 +23,7 @@ import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { ServiceError } from '../errors/index.js';
 import { formatPath, parseField } from '../http/validate.js';
+import { GRAMMAR_FORMATS, UNENFORCEABLE } from '../workers/llama/json-schema.js';
 
 const text = z.string();
 const inputText = z.object({ type: z.literal('input_text'), text });
@@ -193,38 +194,15 @@ function strictProblem(root: unknown): string | null {
  * `format`s…), so that the default never turns a request that works into a refused one.
  */
 const NOT_STRICT_BY_DEFAULT = new Set([
+  // Refused by OpenAI's strict mode; the rest: what a worker's grammar cannot enforce.
   'allOf',
   'oneOf',
-  'not',
-  'if',
-  'then',
-  'else',
-  'dependentRequired',
-  'dependentSchemas',
-  'patternProperties',
-  'propertyNames',
-  'unevaluatedProperties',
-  'unevaluatedItems',
   'prefixItems',
-  'contains',
-  'minContains',
-  'maxContains',
-  'uniqueItems',
-  'pattern',
-  'minimum',
-  'maximum',
-  'exclusiveMinimum',
-  'exclusiveMaximum',
-  'multipleOf',
-  'contentEncoding',
-  'contentMediaType',
+  ...UNENFORCEABLE,
 ]);
 
 /** Keywords whose value maps names to schemas. */
 const NAMED = new Set(['properties', '$defs', 'definitions']);
-
-/** String formats a grammar writes (others: as the value constraints above). */
-const GRAMMAR_FORMATS = new Set(['date-time', 'date', 'time']);
 
 function looseOnly(v: unknown): boolean {
   if (Array.isArray(v)) return v.some(looseOnly);

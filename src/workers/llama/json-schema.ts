@@ -36,9 +36,10 @@ export class SchemaError extends Error {
 type Node = Record<string, unknown>;
 
 const PRIMITIVE_TYPES = new Set(['string', 'number', 'integer', 'boolean', 'null']);
-const GRAMMAR_FORMATS = new Set(['date-time', 'time', 'date']);
+/** String formats a grammar writes. */
+export const GRAMMAR_FORMATS: ReadonlySet<string> = new Set(['date-time', 'time', 'date']);
 /** Constraints on values a grammar cannot express. */
-const UNENFORCEABLE = new Set([
+export const UNENFORCEABLE: ReadonlySet<string> = new Set([
   'pattern',
   'patternProperties',
   'minimum',
