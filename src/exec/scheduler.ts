@@ -32,7 +32,7 @@
  * 310 µs, executing a prepared one 22 KB and 120 µs (docs/RELIABILITY.md, "An idle
  * router").
  */
-import { and, eq, gt, inArray, isNull, lte, sql } from 'drizzle-orm';
+import { and, eq, gt, inArray, isNull, lte, sql, type SQL } from 'drizzle-orm';
 import type { Timer } from '../runtime/clock.js';
 import { tables } from '../store/index.js';
 import type { Approvals } from './approvals.js';
@@ -50,6 +50,22 @@ const ENDED_BATCH = 1000;
 function dueQueries(ctx: ExecContext) {
   const now = sql.placeholder('now');
   const grace = ctx.settings.timeoutGraceMs;
+  /** Dispatched invocations ended with no answer of their agent recorded, and `also`. */
+  const endedWithoutAnswer = (also: SQL | undefined) =>
+    ctx.db
+      .select({ invocationId: I.externalId, agentId: A.externalId, agentKey: A.curvePublicKey })
+      .from(I)
+      .innerJoin(A, eq(A.id, I.agentId))
+      .where(
+        and(
+          // As written in the partial index invocations_router_ended_idx, so it is used.
+          sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
+          also,
+        ),
+      )
+      .orderBy(I.finishedAt)
+      .limit(ENDED_BATCH)
+      .prepare('');
   return {
     expiredLeases: ctx.db
       .select()
@@ -72,42 +88,22 @@ function dueQueries(ctx: ExecContext) {
     // that cannot be dispatched now do not hide the ones behind them.
     // Ended by the router after a dispatch, no answer of the agent recorded
     // (`duration_ms` is set only by one), within the window.
-    ended: ctx.db
-      .select({ invocationId: I.externalId, agentId: A.externalId, agentKey: A.curvePublicKey })
-      .from(I)
-      .innerJoin(A, eq(A.id, I.agentId))
-      .where(
-        and(
-          // As written in the partial index invocations_router_ended_idx, so it is used.
-          sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
-          gt(I.finishedAt, sql.placeholder('since')),
-          lte(I.finishedAt, sql.placeholder('now')),
-        ),
-      )
-      .orderBy(I.finishedAt)
-      .limit(ENDED_BATCH)
-      .prepare(''),
+    ended: endedWithoutAnswer(
+      and(gt(I.finishedAt, sql.placeholder('since')), lte(I.finishedAt, sql.placeholder('now'))),
+    ),
     // Failed with their agent's lease, maybe still running there: until the agent's own
     // timeout has killed them (the backstop's window), on the same partial index.
-    offline: ctx.db
-      .select({ invocationId: I.externalId, agentId: A.externalId, agentKey: A.curvePublicKey })
-      .from(I)
-      .innerJoin(A, eq(A.id, I.agentId))
-      .where(
-        and(
-          sql`${I.status} in ('cancelled', 'failed') and ${I.dispatchedAt} is not null and ${I.durationMs} is null`,
-          gt(
-            I.finishedAt,
-            sql`${sql.placeholder('now')}::timestamptz - ${MAX_TIMEOUT_MS + grace} * interval '1 millisecond'`,
-          ),
-          eq(I.errorCode, 'agent_offline'),
-          eq(A.status, 'enrolled'),
-          sql`${I.dispatchedAt} + (${I.timeoutMs} + ${grace}) * interval '1 millisecond' > ${sql.placeholder('now')}`,
+    offline: endedWithoutAnswer(
+      and(
+        gt(
+          I.finishedAt,
+          sql`${sql.placeholder('now')}::timestamptz - ${MAX_TIMEOUT_MS + grace} * interval '1 millisecond'`,
         ),
-      )
-      .orderBy(I.finishedAt)
-      .limit(ENDED_BATCH)
-      .prepare(''),
+        eq(I.errorCode, 'agent_offline'),
+        eq(A.status, 'enrolled'),
+        sql`${I.dispatchedAt} + (${I.timeoutMs} + ${grace}) * interval '1 millisecond' > ${sql.placeholder('now')}`,
+      ),
+    ),
     queued: ctx.db
       .select()
       .from(I)
