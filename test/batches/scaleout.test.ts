@@ -11,16 +11,16 @@ import { BatchRunner } from '../../src/batches/runner.js';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import {
   freshDatabase,
+  sharedServices,
   startTestServer,
   type TestDatabase,
   type TestServer,
 } from '../support/harness.js';
 import { chatLine } from './support.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-if (process.env.CI === 'true' && !dbUrl) throw new Error('CI=true needs TEST_DATABASE_URL');
+const { skip } = sharedServices();
 
-describe('files and batches across instances', { skip: dbUrl ? false : 'needs PostgreSQL' }, () => {
+describe('files and batches across instances', { skip }, () => {
   let db: TestDatabase;
   let a: TestServer;
   let b: TestServer;

@@ -15,16 +15,21 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import OpenAI, { toFile } from 'openai';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import {
+  ADMIN_TOKEN,
+  freshDatabase,
+  http,
+  sharedServices,
+  type TestDatabase,
+} from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 import { chatLine } from './support.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-if (process.env.CI === 'true' && !dbUrl) throw new Error('CI=true needs TEST_DATABASE_URL');
+const { skip } = sharedServices();
 
 describe(
   'a batch taken by an api instance, run by a dispatcher instance',
-  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 90_000 },
+  { skip, timeout: 90_000 },
   () => {
     const dir = mkdtempSync(join(tmpdir(), 'swy-batch-split-'));
     const children: Spawned[] = [];

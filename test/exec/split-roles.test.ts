@@ -14,16 +14,22 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import {
+  ADMIN_TOKEN,
+  freshDatabase,
+  http,
+  sharedServices,
+  type TestDatabase,
+} from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 import { manifestFile, tempDir } from '../exec-transport/support.js';
 import { until } from './agents.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
+const { skip } = sharedServices();
 
 describe(
   'exec with the API and the broker on different processes',
-  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 90_000 },
+  { skip, timeout: 90_000 },
   () => {
     const tmp = tempDir('swy-exec-split-');
     const children: Spawned[] = [];

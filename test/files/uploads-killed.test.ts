@@ -15,112 +15,113 @@ import { after, before, describe, it } from 'node:test';
 import { like } from 'drizzle-orm';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import { ADMIN_TOKEN, freshDatabase, http, type TestDatabase } from '../support/harness.js';
+import {
+  ADMIN_TOKEN,
+  freshDatabase,
+  http,
+  sharedServices,
+  type TestDatabase,
+} from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-if (process.env.CI === 'true' && !dbUrl) throw new Error('CI=true needs TEST_DATABASE_URL');
+const { skip } = sharedServices();
 
-describe(
-  'a router killed while a part streams in',
-  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 90_000 },
-  () => {
-    const dir = mkdtempSync(join(tmpdir(), 'swy-upload-killed-'));
-    const children: Spawned[] = [];
-    let db: TestDatabase;
+describe('a router killed while a part streams in', { skip, timeout: 90_000 }, () => {
+  const dir = mkdtempSync(join(tmpdir(), 'swy-upload-killed-'));
+  const children: Spawned[] = [];
+  let db: TestDatabase;
 
-    const serve = async (name: string) => {
-      const p = spawnSwitchyard(['serve'], {
-        DATABASE_URL: db.url!,
-        SWITCHYARD_DATA_DIR: join(dir, name),
-        PORT: '0',
-        SWITCHYARD_DEMO: '0',
-        LOG_LEVEL: 'warn',
-        SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
-      });
-      children.push(p);
-      const base = (await p.waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
-      return { p, base };
-    };
-    const partChunks = async () =>
-      (
-        await db.store.db
-          .select({ owner: tables.blobChunks.owner })
-          .from(tables.blobChunks)
-          .where(like(tables.blobChunks.owner, 'part_%'))
-      ).length;
-
-    before(async () => {
-      db = await freshDatabase('postgres');
+  const serve = async (name: string) => {
+    const p = spawnSwitchyard(['serve'], {
+      DATABASE_URL: db.url!,
+      SWITCHYARD_DATA_DIR: join(dir, name),
+      PORT: '0',
+      SWITCHYARD_DEMO: '0',
+      LOG_LEVEL: 'warn',
+      SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
     });
-    after(async () => {
-      for (const c of children) await c.stop('SIGKILL');
-      await db?.drop();
-      rmSync(dir, { recursive: true, force: true });
-    });
+    children.push(p);
+    const base = (await p.waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
+    return { p, base };
+  };
+  const partChunks = async () =>
+    (
+      await db.store.db
+        .select({ owner: tables.blobChunks.owner })
+        .from(tables.blobChunks)
+        .where(like(tables.blobChunks.owner, 'part_%'))
+    ).length;
 
-    it('the upload completes without the dead part, and its bytes are dropped', async () => {
-      const first = await serve('a');
-      const admin = async (path: string, body: unknown) => {
-        const r = await http('POST', `${first.base}/admin/v1${path}`, {
-          auth: `Bearer ${ADMIN_TOKEN}`,
-          body,
-        });
-        assert.ok(r.status === 200 || r.status === 201, r.text);
-        return r.body;
-      };
-      await admin('/models', { name: 'sim-model', context_window: 4096 });
-      const project = await admin('/projects', { slug: 'up', name: 'Up' });
-      await admin('/projects/up/endpoints', {
-        slug: 'chat',
-        name: 'Chat',
-        model: 'sim-model',
-        tier: 'cpu',
-      });
-      const key = String((await admin('/projects/up/keys', { scopes: ['inference'] })).key);
-      const path = `/${String(project.id)}/chat/v1`;
-      const client = (base: string) =>
-        new OpenAI({ baseURL: `${base}${path}`, apiKey: key, maxRetries: 0 });
-      const upload = await client(first.base).uploads.create({
-        filename: 'k.bin',
-        purpose: 'assistants',
-        bytes: 3,
-        mime_type: 'application/octet-stream',
-      });
-      // The part's first MiB reaches the database, then the router dies.
-      const head =
-        '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
-        'Content-Type: application/octet-stream\r\n\r\n';
-      const body = new ReadableStream<Uint8Array>({
-        start(c) {
-          c.enqueue(Buffer.from(head));
-          c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
-        },
-      });
-      const res = fetch(`${first.base}${path}/uploads/${upload.id}/parts`, {
-        method: 'POST',
-        headers: {
-          authorization: `Bearer ${key}`,
-          'content-type': 'multipart/form-data; boundary=zz',
-        },
+  before(async () => {
+    db = await freshDatabase('postgres');
+  });
+  after(async () => {
+    for (const c of children) await c.stop('SIGKILL');
+    await db?.drop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('the upload completes without the dead part, and its bytes are dropped', async () => {
+    const first = await serve('a');
+    const admin = async (path: string, body: unknown) => {
+      const r = await http('POST', `${first.base}/admin/v1${path}`, {
+        auth: `Bearer ${ADMIN_TOKEN}`,
         body,
-        duplex: 'half',
-      } as RequestInit).catch(() => null);
-      for (let i = 0; i < 1000 && (await partChunks()) === 0; i++) await sleep(10);
-      assert.ok((await partChunks()) > 0, 'the part’s first chunk was stored');
-      assert.equal(await first.p.stop('SIGKILL'), null);
-      await res;
-
-      const second = await serve('b');
-      const c = client(second.base);
-      // The dead part holds no bytes the upload could count or assemble.
-      const good = await c.uploads.parts.create(upload.id, {
-        data: new File([Buffer.from('abc')], 'part'),
       });
-      const done = await c.uploads.complete(upload.id, { part_ids: [good.id] });
-      assert.equal(done.file?.bytes, 3);
-      assert.equal(await partChunks(), 0, 'the dead part’s chunks were dropped');
-      assert.equal((await db.store.db.select().from(tables.uploadParts)).length, 0);
+      assert.ok(r.status === 200 || r.status === 201, r.text);
+      return r.body;
+    };
+    await admin('/models', { name: 'sim-model', context_window: 4096 });
+    const project = await admin('/projects', { slug: 'up', name: 'Up' });
+    await admin('/projects/up/endpoints', {
+      slug: 'chat',
+      name: 'Chat',
+      model: 'sim-model',
+      tier: 'cpu',
     });
-  },
-);
+    const key = String((await admin('/projects/up/keys', { scopes: ['inference'] })).key);
+    const path = `/${String(project.id)}/chat/v1`;
+    const client = (base: string) =>
+      new OpenAI({ baseURL: `${base}${path}`, apiKey: key, maxRetries: 0 });
+    const upload = await client(first.base).uploads.create({
+      filename: 'k.bin',
+      purpose: 'assistants',
+      bytes: 3,
+      mime_type: 'application/octet-stream',
+    });
+    // The part's first MiB reaches the database, then the router dies.
+    const head =
+      '--zz\r\nContent-Disposition: form-data; name="data"; filename="part"\r\n' +
+      'Content-Type: application/octet-stream\r\n\r\n';
+    const body = new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(Buffer.from(head));
+        c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
+      },
+    });
+    const res = fetch(`${first.base}${path}/uploads/${upload.id}/parts`, {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${key}`,
+        'content-type': 'multipart/form-data; boundary=zz',
+      },
+      body,
+      duplex: 'half',
+    } as RequestInit).catch(() => null);
+    for (let i = 0; i < 1000 && (await partChunks()) === 0; i++) await sleep(10);
+    assert.ok((await partChunks()) > 0, 'the part’s first chunk was stored');
+    assert.equal(await first.p.stop('SIGKILL'), null);
+    await res;
+
+    const second = await serve('b');
+    const c = client(second.base);
+    // The dead part holds no bytes the upload could count or assemble.
+    const good = await c.uploads.parts.create(upload.id, {
+      data: new File([Buffer.from('abc')], 'part'),
+    });
+    const done = await c.uploads.complete(upload.id, { part_ids: [good.id] });
+    assert.equal(done.file?.bytes, 3);
+    assert.equal(await partChunks(), 0, 'the dead part’s chunks were dropped');
+    assert.equal((await db.store.db.select().from(tables.uploadParts)).length, 0);
+  });
+});

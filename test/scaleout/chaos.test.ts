@@ -35,16 +35,18 @@ import { and, eq, inArray, sql } from 'drizzle-orm';
 import { request } from 'undici';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import { freshDatabase, http, type Res, type TestDatabase } from '../support/harness.js';
+import {
+  freshDatabase,
+  http,
+  sharedServices,
+  type Res,
+  type TestDatabase,
+} from '../support/harness.js';
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 import { mulberry32 } from '../../src/runtime/prng.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-const redisUrl = process.env.TEST_REDIS_URL;
-if (process.env.CI === 'true' && (!dbUrl || !redisUrl)) {
-  throw new Error('CI=true needs TEST_DATABASE_URL and TEST_REDIS_URL');
-}
+const { skip, redisUrl } = sharedServices({ redis: true });
 
 const TOKEN = 'chaos-operator-token';
 const MODEL = 'chaos-model';
@@ -167,7 +169,7 @@ async function openStream(
 
 describe(
   'three router instances, two sim workers, under faults',
-  { skip: dbUrl && redisUrl ? false : 'needs PostgreSQL and Redis', timeout: 180_000 },
+  { skip, timeout: 180_000 },
   () => {
     let db: TestDatabase;
     let receiver: Receiver;

@@ -11,117 +11,114 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { ensureDemo } from '../../src/operator/bootstrap.js';
-import { freshDatabase, http, startTestServer, type TestDatabase } from '../support/harness.js';
+import {
+  freshDatabase,
+  http,
+  sharedServices,
+  startTestServer,
+  type TestDatabase,
+} from '../support/harness.js';
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-if (process.env.CI === 'true' && !dbUrl) throw new Error('CI=true needs TEST_DATABASE_URL');
+const { skip } = sharedServices();
 
 const TOKEN = 'demo-scaleout-token';
 
-describe(
-  'the embedded demo worker on a shared database',
-  { skip: dbUrl ? false : 'needs PostgreSQL' },
-  () => {
-    let db: TestDatabase;
-    const procs: Spawned[] = [];
-    const dirs: string[] = [];
+describe('the embedded demo worker on a shared database', { skip }, () => {
+  let db: TestDatabase;
+  const procs: Spawned[] = [];
+  const dirs: string[] = [];
 
-    async function instance(): Promise<{ p: Spawned; url: string }> {
-      const dir = mkdtempSync(join(tmpdir(), 'swy-demo-'));
-      dirs.push(dir);
-      const p = spawnSwitchyard(['serve'], {
-        DATABASE_URL: db.url!,
-        SWITCHYARD_DATA_DIR: dir,
-        SWITCHYARD_ADMIN_TOKEN: TOKEN,
-        SWITCHYARD_DEMO_ENGINE: 'sim',
-        PORT: '0',
-        LOG_LEVEL: 'error',
+  async function instance(): Promise<{ p: Spawned; url: string }> {
+    const dir = mkdtempSync(join(tmpdir(), 'swy-demo-'));
+    dirs.push(dir);
+    const p = spawnSwitchyard(['serve'], {
+      DATABASE_URL: db.url!,
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_TOKEN: TOKEN,
+      SWITCHYARD_DEMO_ENGINE: 'sim',
+      PORT: '0',
+      LOG_LEVEL: 'error',
+    });
+    procs.push(p);
+    return { p, url: (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]! };
+  }
+
+  const embedded = async (url: string): Promise<string[]> => {
+    const r = await http('GET', `${url}/admin/v1/workers`, { auth: `Bearer ${TOKEN}` });
+    assert.equal(r.status, 200, r.text);
+    return (r.body.data as Array<{ id: string }>)
+      .map((w) => w.id)
+      .filter((id) => id.startsWith('embedded-demo'))
+      .sort();
+  };
+
+  before(async () => {
+    db = await freshDatabase('postgres');
+    await db.store.close();
+  });
+  after(async () => {
+    for (const p of procs) await p.stop('SIGKILL');
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    await db.drop();
+  });
+
+  it('each instance has its own row; a killed one leaves the demo served, a stopped one leaves no row', async () => {
+    const a = await instance();
+    const out = a.p.stdout();
+    const projectId = out.match(/Demo project: (proj_[0-9a-f]+)/)![1]!;
+    const key = out.match(/Demo API key \(shown once, store it now\):\n\s+(swy_demo_\S+)/)![1]!;
+    const b = await instance();
+    const both = await embedded(a.url);
+    assert.equal(both.length, 2, JSON.stringify(both));
+    assert.notEqual(both[0], both[1]);
+
+    await b.p.stop('SIGKILL');
+    // A's demo endpoint still answers: B's dead worker is skipped (failover before the
+    // first byte, then the monitor marks it unhealthy).
+    for (let i = 0; i < 5; i++) {
+      const r = await http('POST', `${a.url}/${projectId}/demo/v1/chat/completions`, {
+        auth: `Bearer ${key}`,
+        body: { model: 'x', messages: [{ role: 'user', content: `hi ${i}` }], max_tokens: 2 },
       });
-      procs.push(p);
-      return { p, url: (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]! };
+      assert.equal(r.status, 200, r.text);
     }
 
-    const embedded = async (url: string): Promise<string[]> => {
-      const r = await http('GET', `${url}/admin/v1/workers`, { auth: `Bearer ${TOKEN}` });
-      assert.equal(r.status, 200, r.text);
-      return (r.body.data as Array<{ id: string }>)
-        .map((w) => w.id)
-        .filter((id) => id.startsWith('embedded-demo'))
-        .sort();
-    };
+    const bId = await embedded(a.url);
+    assert.equal(await a.p.stop('SIGTERM'), 0);
+    const c = await instance();
+    const left = await embedded(c.url);
+    // A's row went with it; B's (killed) stays until an operator removes it; C has its own.
+    assert.equal(left.length, 2, JSON.stringify(left));
+    const aId = both.find((id) => !left.includes(id));
+    assert.ok(aId, `A's row is gone: ${JSON.stringify({ both, left })}`);
+    assert.ok(bId.includes(both.find((id) => id !== aId)!));
+  });
+});
 
-    before(async () => {
-      db = await freshDatabase('postgres');
+describe('the demo made by instances starting together on an empty database', { skip }, () => {
+  it('each finds or makes the same records, no error; one demo key in all', async () => {
+    for (let round = 0; round < 2; round++) {
+      const db = await freshDatabase('postgres');
       await db.store.close();
-    });
-    after(async () => {
-      for (const p of procs) await p.stop('SIGKILL');
-      for (const d of dirs) rmSync(d, { recursive: true, force: true });
-      await db.drop();
-    });
-
-    it('each instance has its own row; a killed one leaves the demo served, a stopped one leaves no row', async () => {
-      const a = await instance();
-      const out = a.p.stdout();
-      const projectId = out.match(/Demo project: (proj_[0-9a-f]+)/)![1]!;
-      const key = out.match(/Demo API key \(shown once, store it now\):\n\s+(swy_demo_\S+)/)![1]!;
-      const b = await instance();
-      const both = await embedded(a.url);
-      assert.equal(both.length, 2, JSON.stringify(both));
-      assert.notEqual(both[0], both[1]);
-
-      await b.p.stop('SIGKILL');
-      // A's demo endpoint still answers: B's dead worker is skipped (failover before the
-      // first byte, then the monitor marks it unhealthy).
-      for (let i = 0; i < 5; i++) {
-        const r = await http('POST', `${a.url}/${projectId}/demo/v1/chat/completions`, {
-          auth: `Bearer ${key}`,
-          body: { model: 'x', messages: [{ role: 'user', content: `hi ${i}` }], max_tokens: 2 },
-        });
-        assert.equal(r.status, 200, r.text);
+      const servers = await Promise.all(
+        [0, 1, 2].map(() => startTestServer({ shared: { url: db.url! } })),
+      );
+      try {
+        const demos = await Promise.all(servers.map((s) => ensureDemo(s.services)));
+        assert.equal(new Set(demos.map((d) => d.project.id)).size, 1);
+        assert.equal(new Set(demos.map((d) => d.endpoint.id)).size, 1);
+        assert.equal(demos.filter((d) => d.key !== null).length, 1);
+        const keys = await servers[0]!.services.keys.list(demos[0]!.project.id);
+        assert.equal(keys.length, 1);
+        // A later start finds them and mints nothing.
+        const again = await ensureDemo(servers[1]!.services);
+        assert.equal(again.key, null);
+        assert.equal(again.endpoint.id, demos[0]!.endpoint.id);
+      } finally {
+        for (const s of servers) await s.close();
+        await db.drop();
       }
-
-      const bId = await embedded(a.url);
-      assert.equal(await a.p.stop('SIGTERM'), 0);
-      const c = await instance();
-      const left = await embedded(c.url);
-      // A's row went with it; B's (killed) stays until an operator removes it; C has its own.
-      assert.equal(left.length, 2, JSON.stringify(left));
-      const aId = both.find((id) => !left.includes(id));
-      assert.ok(aId, `A's row is gone: ${JSON.stringify({ both, left })}`);
-      assert.ok(bId.includes(both.find((id) => id !== aId)!));
-    });
-  },
-);
-
-describe(
-  'the demo made by instances starting together on an empty database',
-  { skip: dbUrl ? false : 'needs PostgreSQL' },
-  () => {
-    it('each finds or makes the same records, no error; one demo key in all', async () => {
-      for (let round = 0; round < 2; round++) {
-        const db = await freshDatabase('postgres');
-        await db.store.close();
-        const servers = await Promise.all(
-          [0, 1, 2].map(() => startTestServer({ shared: { url: db.url! } })),
-        );
-        try {
-          const demos = await Promise.all(servers.map((s) => ensureDemo(s.services)));
-          assert.equal(new Set(demos.map((d) => d.project.id)).size, 1);
-          assert.equal(new Set(demos.map((d) => d.endpoint.id)).size, 1);
-          assert.equal(demos.filter((d) => d.key !== null).length, 1);
-          const keys = await servers[0]!.services.keys.list(demos[0]!.project.id);
-          assert.equal(keys.length, 1);
-          // A later start finds them and mints nothing.
-          const again = await ensureDemo(servers[1]!.services);
-          assert.equal(again.key, null);
-          assert.equal(again.endpoint.id, demos[0]!.endpoint.id);
-        } finally {
-          for (const s of servers) await s.close();
-          await db.drop();
-        }
-      }
-    });
-  },
-);
+    }
+  });
+});

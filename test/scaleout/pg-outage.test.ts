@@ -34,7 +34,13 @@ import { after, before, describe, it } from 'node:test';
 import { eq, inArray } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import { freshDatabase, http as rawHttp, type Res, type TestDatabase } from '../support/harness.js';
+import {
+  freshDatabase,
+  http as rawHttp,
+  sharedServices,
+  type Res,
+  type TestDatabase,
+} from '../support/harness.js';
 
 /** The harness's client, naming the call that failed (a reset says which request died). */
 const http: typeof rawHttp = async (method, url, opts) => {
@@ -48,10 +54,7 @@ import { startReceiver, type Behaviour, type Receiver } from '../support/https-r
 import { spawnSwitchyard, type Spawned } from '../support/process.js';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-if (process.env.CI === 'true' && !dbUrl) {
-  throw new Error('CI=true needs TEST_DATABASE_URL');
-}
+const { skip } = sharedServices();
 
 const TOKEN = 'outage-operator-token';
 const MODEL = 'outage-model';
@@ -92,363 +95,349 @@ async function until<T>(
 
 const code = (r: Res) => (r.body.error as { code?: string } | undefined)?.code;
 
-describe(
-  'a router through a PostgreSQL outage',
-  { skip: dbUrl ? false : 'needs PostgreSQL (TEST_DATABASE_URL)', timeout: 150_000 },
-  () => {
-    let db: TestDatabase;
-    let proxy: TcpProxy;
-    let receiver: Receiver;
-    let router: Spawned;
-    const procs: Spawned[] = [];
-    const dirs: string[] = [];
-    let base = '';
-    let projectId = '';
-    let projectUuid = '';
-    let mgmtKey = '';
-    let secret = '';
-    /** Held receiver answers, released by the test. */
-    const held: Array<(b: Behaviour) => void> = [];
-    let hold = false;
-    const killAll = () => {
-      for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
-    };
-    process.on('exit', killAll);
+describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () => {
+  let db: TestDatabase;
+  let proxy: TcpProxy;
+  let receiver: Receiver;
+  let router: Spawned;
+  const procs: Spawned[] = [];
+  const dirs: string[] = [];
+  let base = '';
+  let projectId = '';
+  let projectUuid = '';
+  let mgmtKey = '';
+  let secret = '';
+  /** Held receiver answers, released by the test. */
+  const held: Array<(b: Behaviour) => void> = [];
+  let hold = false;
+  const killAll = () => {
+    for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
+  };
+  process.on('exit', killAll);
 
-    const op = (path: string, body: unknown) =>
-      http('POST', `${base}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
-    /** Request ids of every completion answered 200 (each one token, 10% of the budget). */
-    const answered: string[] = [];
-    const chat = async (key: string) => {
-      const r = await http('POST', `${base}/${projectId}/chat/v1/chat/completions`, {
-        auth: `Bearer ${key}`,
-        body: { model: MODEL, messages: [{ role: 'user', content: '[sim:len=1] hi' }] },
-      });
-      if (r.status === 200) answered.push(String(r.headers['x-request-id']));
-      return r;
-    };
-    const newKey = async (): Promise<string> => {
-      const r = await http('POST', `${base}/${projectId}/v1/keys`, {
-        auth: `Bearer ${mgmtKey}`,
-        body: { scopes: ['inference'], quotaRequests: 10_000 },
-      });
-      assert.equal(r.status, 201, r.text);
-      return String(r.body.key);
-    };
-    const metric = async (name: string): Promise<number> => {
-      const r = await http('GET', `${base}/metrics`);
-      const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(r.text);
-      return m ? Number(m[1]) : NaN;
-    };
-    const D = tables.webhookDeliveries;
-    const A = tables.webhookAttempts;
-    const deliveries = () => db.store.db.select().from(D).where(eq(D.projectId, projectUuid));
-    const usageOf = async (ids: string[]) =>
-      ids.length === 0
-        ? []
-        : db.store.db
-            .select({ id: tables.usageRecords.requestId })
-            .from(tables.usageRecords)
-            .where(inArray(tables.usageRecords.requestId, ids));
-    const receivedFor = (id: string) =>
-      receiver.received.filter((r) => r.headers['x-webhook-id'] === id);
-
-    before(async () => {
-      db = await freshDatabase('postgres');
-      const target = new URL(db.url!);
-      proxy = await startTcpProxy(target.hostname, Number(target.port || 5432));
-      receiver = await startReceiver();
-      receiver.behaviour = () =>
-        hold ? new Promise<Behaviour>((resolve) => held.push(resolve)) : 'ok';
-      const worker = spawnSwitchyard(
-        ['worker', '--engine', 'sim', '--port', '0', '--model', MODEL],
-        {},
-      );
-      procs.push(worker);
-      const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-      const dir = mkdtempSync(join(tmpdir(), 'swy-outage-'));
-      dirs.push(dir);
-      router = spawnSwitchyard(['serve'], {
-        DATABASE_URL: `${proxy.rewrite(db.url!)}?query_timeout=${QUERY_TIMEOUT_MS}&connectionTimeoutMillis=${CONNECT_TIMEOUT_MS}`,
-        SWITCHYARD_DATA_DIR: dir,
-        SWITCHYARD_ADMIN_TOKEN: TOKEN,
-        SWITCHYARD_DEMO: '0',
-        SWITCHYARD_DB_POOL_SIZE: '4',
-        SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
-        NODE_EXTRA_CA_CERTS: receiver.caFile,
-        PORT: '0',
-        LOG_LEVEL: 'warn',
-        ...SCHEDULE,
-      });
-      procs.push(router);
-      base = (await router.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
-
-      assert.equal(
-        (
-          await op('/models', {
-            name: MODEL,
-            context_window: 4096,
-            completion_price_cents_per_mtok: PRICE,
-          })
-        ).status,
-        201,
-      );
-      assert.equal(
-        (await op('/workers', { model: MODEL, tier: 'cpu', url: workerUrl })).status,
-        201,
-      );
-      const proj = await op('/projects', {
-        slug: 'outage',
-        name: 'Outage',
-        credit_cents: 1_000_000_000,
-      });
-      assert.equal(proj.status, 201, proj.text);
-      projectId = String(proj.body.id);
-      projectUuid = String(proj.body.uuid);
-      const e = await op('/projects/outage/endpoints', {
-        slug: 'chat',
-        name: 'Chat',
-        model: MODEL,
-        tier: 'cpu',
-      });
-      assert.equal(e.status, 201, e.text);
-      mgmtKey = String((await op('/projects/outage/keys', { scopes: ['management'] })).body.key);
-      const hook = await http('POST', `${base}/${projectId}/v1/webhooks`, {
-        auth: `Bearer ${mgmtKey}`,
-        body: { url: receiver.url, events: ['budget.threshold_reached'] },
-      });
-      assert.equal(hook.status, 201, hook.text);
-      secret = String(hook.body.secret);
-      const alert = await http('POST', `${base}/${projectId}/v1/budget_alerts`, {
-        auth: `Bearer ${mgmtKey}`,
-        body: { name: 'outage', budget_amount_cents: BUDGET_CENTS, thresholds: THRESHOLDS },
-      });
-      assert.equal(alert.status, 201, alert.text);
+  const op = (path: string, body: unknown) =>
+    http('POST', `${base}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+  /** Request ids of every completion answered 200 (each one token, 10% of the budget). */
+  const answered: string[] = [];
+  const chat = async (key: string) => {
+    const r = await http('POST', `${base}/${projectId}/chat/v1/chat/completions`, {
+      auth: `Bearer ${key}`,
+      body: { model: MODEL, messages: [{ role: 'user', content: '[sim:len=1] hi' }] },
     });
-
-    after(async () => {
-      process.off('exit', killAll);
-      for (const resolve of held.splice(0)) resolve('ok');
-      for (const p of procs) await p.stop('SIGKILL');
-      await proxy?.close();
-      await receiver?.close();
-      await db?.drop();
-      for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    if (r.status === 200) answered.push(String(r.headers['x-request-id']));
+    return r;
+  };
+  const newKey = async (): Promise<string> => {
+    const r = await http('POST', `${base}/${projectId}/v1/keys`, {
+      auth: `Bearer ${mgmtKey}`,
+      body: { scopes: ['inference'], quotaRequests: 10_000 },
     });
+    assert.equal(r.status, 201, r.text);
+    return String(r.body.key);
+  };
+  const metric = async (name: string): Promise<number> => {
+    const r = await http('GET', `${base}/metrics`);
+    const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(r.text);
+    return m ? Number(m[1]) : NaN;
+  };
+  const D = tables.webhookDeliveries;
+  const A = tables.webhookAttempts;
+  const deliveries = () => db.store.db.select().from(D).where(eq(D.projectId, projectUuid));
+  const usageOf = async (ids: string[]) =>
+    ids.length === 0
+      ? []
+      : db.store.db
+          .select({ id: tables.usageRecords.requestId })
+          .from(tables.usageRecords)
+          .where(inArray(tables.usageRecords.requestId, ids));
+  const receivedFor = (id: string) =>
+    receiver.received.filter((r) => r.headers['x-webhook-id'] === id);
 
-    /**
-     * Every budget threshold the written spend crossed fired exactly once, and
-     * every delivery ended delivered, within 6 attempts, signed, and seen by the
-     * receiver no more often than it was attempted.
-     */
-    async function eventsDelivered(ms: number) {
-      const ids = [...answered];
-      await until(
-        'every answered request has its usage record',
-        async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
-        ms,
-      );
-      // One completion token at 100 cents, budget 1,000 cents: 10% a request.
-      const pct = ids.length * 10;
-      const expected = THRESHOLDS.filter((t) => t <= pct).length;
-      let last: Array<typeof D.$inferSelect> = [];
-      const settled = await until(
-        () =>
-          `${expected} threshold events delivered (${ids.length} requests written); have ` +
-          JSON.stringify(last.map((d) => [d.status, d.attemptCount, d.lastError])),
-        async () => {
-          const ds = await deliveries();
-          last = ds;
-          return ds.length === expected && ds.every((d) => d.status === 'delivered')
-            ? ds
-            : undefined;
-        },
-        ms,
-      );
-      const events = await db.store.db
-        .select({ body: tables.events.body })
-        .from(tables.events)
-        .where(eq(tables.events.projectId, projectUuid));
-      const fired = events.map((e) => (JSON.parse(e.body) as { threshold: number }).threshold);
-      assert.deepEqual(
-        fired.sort((a, b) => a - b),
-        THRESHOLDS.slice(0, expected),
-        'each crossed threshold fired exactly once',
-      );
-      for (const d of settled.value) {
-        assert.ok(d.attemptCount >= 1 && d.attemptCount <= 6, `${d.id}: ${d.attemptCount}`);
-        const seen = receivedFor(d.id);
-        assert.ok(
-          seen.length >= 1 && seen.length <= d.attemptCount,
-          `${d.id}: seen ${seen.length}`,
-        );
-      }
-      for (const r of receiver.received) {
-        const v = verifyWebhook({
-          secret,
-          timestamp: r.headers['x-webhook-timestamp'],
-          signature: r.headers['x-webhook-signature'],
-          body: r.body,
-        });
-        assert.ok(v.ok, JSON.stringify(v));
-      }
-      return { deliveries: settled.value, after: settled.after };
+  before(async () => {
+    db = await freshDatabase('postgres');
+    const target = new URL(db.url!);
+    proxy = await startTcpProxy(target.hostname, Number(target.port || 5432));
+    receiver = await startReceiver();
+    receiver.behaviour = () =>
+      hold ? new Promise<Behaviour>((resolve) => held.push(resolve)) : 'ok';
+    const worker = spawnSwitchyard(
+      ['worker', '--engine', 'sim', '--port', '0', '--model', MODEL],
+      {},
+    );
+    procs.push(worker);
+    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
+    const dir = mkdtempSync(join(tmpdir(), 'swy-outage-'));
+    dirs.push(dir);
+    router = spawnSwitchyard(['serve'], {
+      DATABASE_URL: `${proxy.rewrite(db.url!)}?query_timeout=${QUERY_TIMEOUT_MS}&connectionTimeoutMillis=${CONNECT_TIMEOUT_MS}`,
+      SWITCHYARD_DATA_DIR: dir,
+      SWITCHYARD_ADMIN_TOKEN: TOKEN,
+      SWITCHYARD_DEMO: '0',
+      SWITCHYARD_DB_POOL_SIZE: '4',
+      SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
+      NODE_EXTRA_CA_CERTS: receiver.caFile,
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      ...SCHEDULE,
+    });
+    procs.push(router);
+    base = (await router.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
+
+    assert.equal(
+      (
+        await op('/models', {
+          name: MODEL,
+          context_window: 4096,
+          completion_price_cents_per_mtok: PRICE,
+        })
+      ).status,
+      201,
+    );
+    assert.equal((await op('/workers', { model: MODEL, tier: 'cpu', url: workerUrl })).status, 201);
+    const proj = await op('/projects', {
+      slug: 'outage',
+      name: 'Outage',
+      credit_cents: 1_000_000_000,
+    });
+    assert.equal(proj.status, 201, proj.text);
+    projectId = String(proj.body.id);
+    projectUuid = String(proj.body.uuid);
+    const e = await op('/projects/outage/endpoints', {
+      slug: 'chat',
+      name: 'Chat',
+      model: MODEL,
+      tier: 'cpu',
+    });
+    assert.equal(e.status, 201, e.text);
+    mgmtKey = String((await op('/projects/outage/keys', { scopes: ['management'] })).body.key);
+    const hook = await http('POST', `${base}/${projectId}/v1/webhooks`, {
+      auth: `Bearer ${mgmtKey}`,
+      body: { url: receiver.url, events: ['budget.threshold_reached'] },
+    });
+    assert.equal(hook.status, 201, hook.text);
+    secret = String(hook.body.secret);
+    const alert = await http('POST', `${base}/${projectId}/v1/budget_alerts`, {
+      auth: `Bearer ${mgmtKey}`,
+      body: { name: 'outage', budget_amount_cents: BUDGET_CENTS, thresholds: THRESHOLDS },
+    });
+    assert.equal(alert.status, 201, alert.text);
+  });
+
+  after(async () => {
+    process.off('exit', killAll);
+    for (const resolve of held.splice(0)) resolve('ok');
+    for (const p of procs) await p.stop('SIGKILL');
+    await proxy?.close();
+    await receiver?.close();
+    await db?.drop();
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+
+  /**
+   * Every budget threshold the written spend crossed fired exactly once, and
+   * every delivery ended delivered, within 6 attempts, signed, and seen by the
+   * receiver no more often than it was attempted.
+   */
+  async function eventsDelivered(ms: number) {
+    const ids = [...answered];
+    await until(
+      'every answered request has its usage record',
+      async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
+      ms,
+    );
+    // One completion token at 100 cents, budget 1,000 cents: 10% a request.
+    const pct = ids.length * 10;
+    const expected = THRESHOLDS.filter((t) => t <= pct).length;
+    let last: Array<typeof D.$inferSelect> = [];
+    const settled = await until(
+      () =>
+        `${expected} threshold events delivered (${ids.length} requests written); have ` +
+        JSON.stringify(last.map((d) => [d.status, d.attemptCount, d.lastError])),
+      async () => {
+        const ds = await deliveries();
+        last = ds;
+        return ds.length === expected && ds.every((d) => d.status === 'delivered') ? ds : undefined;
+      },
+      ms,
+    );
+    const events = await db.store.db
+      .select({ body: tables.events.body })
+      .from(tables.events)
+      .where(eq(tables.events.projectId, projectUuid));
+    const fired = events.map((e) => (JSON.parse(e.body) as { threshold: number }).threshold);
+    assert.deepEqual(
+      fired.sort((a, b) => a - b),
+      THRESHOLDS.slice(0, expected),
+      'each crossed threshold fired exactly once',
+    );
+    for (const d of settled.value) {
+      assert.ok(d.attemptCount >= 1 && d.attemptCount <= 6, `${d.id}: ${d.attemptCount}`);
+      const seen = receivedFor(d.id);
+      assert.ok(seen.length >= 1 && seen.length <= d.attemptCount, `${d.id}: seen ${seen.length}`);
     }
+    for (const r of receiver.received) {
+      const v = verifyWebhook({
+        secret,
+        timestamp: r.headers['x-webhook-timestamp'],
+        signature: r.headers['x-webhook-signature'],
+        body: r.body,
+      });
+      assert.ok(v.ok, JSON.stringify(v));
+    }
+    return { deliveries: settled.value, after: settled.after };
+  }
 
-    it('the database goes down: cached keys flow, unseen keys and management get 503, usage and events survive', async (t) => {
-      const cachedKey = await newKey();
-      const unseenKey = await newKey();
-      // A webhook attempt is in flight when the database goes away: the
-      // receiver holds the first threshold's delivery until then.
-      hold = true;
-      const first = await chat(cachedKey);
-      assert.equal(first.status, 200, first.text);
-      await until('the first delivery is in flight', () => held.length > 0 || undefined, 15_000);
-      const [inFlight] = await deliveries();
-      assert.ok(inFlight);
+  it('the database goes down: cached keys flow, unseen keys and management get 503, usage and events survive', async (t) => {
+    const cachedKey = await newKey();
+    const unseenKey = await newKey();
+    // A webhook attempt is in flight when the database goes away: the
+    // receiver holds the first threshold's delivery until then.
+    hold = true;
+    const first = await chat(cachedKey);
+    assert.equal(first.status, 200, first.text);
+    await until('the first delivery is in flight', () => held.length > 0 || undefined, 15_000);
+    const [inFlight] = await deliveries();
+    assert.ok(inFlight);
 
-      proxy.cut('refuse');
-      const cutAt = Date.now();
-      hold = false;
-      // The receiver says 2xx, but the dispatcher cannot record it.
-      for (const resolve of held.splice(0)) resolve('ok');
+    proxy.cut('refuse');
+    const cutAt = Date.now();
+    hold = false;
+    // The receiver says 2xx, but the dispatcher cannot record it.
+    for (const resolve of held.splice(0)) resolve('ok');
 
-      assert.equal((await http('GET', `${base}/healthz`)).status, 200);
-      const notReady = await until(
-        '/readyz answers 503',
-        async () => ((await http('GET', `${base}/readyz`)).status === 503 ? true : undefined),
-        5000,
-      );
-      // Longer than the caches' 1 s TTL, so the cached key, endpoint, workers
-      // and balance are all served stale after a failed refresh.
-      const during: string[] = [];
-      let slowest = 0;
-      while (Date.now() - cutAt < 2500 || during.length < 5) {
-        const t0 = Date.now();
-        const r = await chat(cachedKey);
-        slowest = Math.max(slowest, Date.now() - t0);
-        assert.equal(r.status, 200, r.text);
-        during.push(String(r.headers['x-request-id']));
-        await sleep(400);
-      }
-      const unseen = await chat(unseenKey);
-      assert.equal(unseen.status, 503, unseen.text);
-      assert.equal(code(unseen), 'unavailable');
-      assert.equal(unseen.headers['retry-after'], '1');
-      for (const r of [
-        await http('GET', `${base}/${projectId}/v1/keys`, { auth: `Bearer ${mgmtKey}` }),
-        await http('POST', `${base}/${projectId}/v1/budget_alerts`, {
-          auth: `Bearer ${mgmtKey}`,
-          body: { name: 'during', budget_amount_cents: 1 },
-        }),
-      ]) {
-        assert.equal(r.status, 503, r.text);
-        assert.equal(code(r), 'unavailable');
-        assert.equal(r.headers['retry-after'], '1');
-      }
-      assert.ok((await metric('switchyard_usage_records_buffered')) >= during.length);
-      assert.equal(await metric('switchyard_usage_records_dropped_total'), 0, 'kept, not dropped');
-      assert.equal((await usageOf(during)).length, 0, 'nothing written during the outage');
-      assert.equal(router.child.exitCode, null);
+    assert.equal((await http('GET', `${base}/healthz`)).status, 200);
+    const notReady = await until(
+      '/readyz answers 503',
+      async () => ((await http('GET', `${base}/readyz`)).status === 503 ? true : undefined),
+      5000,
+    );
+    // Longer than the caches' 1 s TTL, so the cached key, endpoint, workers
+    // and balance are all served stale after a failed refresh.
+    const during: string[] = [];
+    let slowest = 0;
+    while (Date.now() - cutAt < 2500 || during.length < 5) {
+      const t0 = Date.now();
+      const r = await chat(cachedKey);
+      slowest = Math.max(slowest, Date.now() - t0);
+      assert.equal(r.status, 200, r.text);
+      during.push(String(r.headers['x-request-id']));
+      await sleep(400);
+    }
+    const unseen = await chat(unseenKey);
+    assert.equal(unseen.status, 503, unseen.text);
+    assert.equal(code(unseen), 'unavailable');
+    assert.equal(unseen.headers['retry-after'], '1');
+    for (const r of [
+      await http('GET', `${base}/${projectId}/v1/keys`, { auth: `Bearer ${mgmtKey}` }),
+      await http('POST', `${base}/${projectId}/v1/budget_alerts`, {
+        auth: `Bearer ${mgmtKey}`,
+        body: { name: 'during', budget_amount_cents: 1 },
+      }),
+    ]) {
+      assert.equal(r.status, 503, r.text);
+      assert.equal(code(r), 'unavailable');
+      assert.equal(r.headers['retry-after'], '1');
+    }
+    assert.ok((await metric('switchyard_usage_records_buffered')) >= during.length);
+    assert.equal(await metric('switchyard_usage_records_dropped_total'), 0, 'kept, not dropped');
+    assert.equal((await usageOf(during)).length, 0, 'nothing written during the outage');
+    assert.equal(router.child.exitCode, null);
 
-      proxy.restore();
-      const ready = await until(
-        '/readyz answers 200',
-        async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
-        10_000,
-      );
-      const written = await until(
-        'buffered usage written',
-        async () => ((await usageOf(during)).length === during.length ? true : undefined),
-        10_000,
-      );
-      assert.equal((await chat(unseenKey)).status, 200, 'an unseen key works again');
-      const ev = await eventsDelivered(20_000);
-      // The attempt whose 2xx could not be recorded was attempted again after
-      // its lease: at-least-once, the first marked lost.
-      const d = ev.deliveries.find((x) => x.id === inFlight.id)!;
-      const attempts = await db.store.db
-        .select()
-        .from(A)
-        .where(eq(A.deliveryId, d.id))
-        .orderBy(A.attemptNo);
-      assert.deepEqual(
-        attempts.map((a) => a.outcome),
-        ['lost', 'succeeded'],
-      );
-      assert.equal(receivedFor(d.id).length, 2);
-      assert.equal(router.child.exitCode, null, 'the router never exited');
-      t.diagnostic(
-        `refused: /readyz 503 after ${notReady.after} ms; ${during.length} requests with a cached key ` +
-          `during the outage, slowest ${slowest} ms; after restore /readyz 200 in ${ready.after} ms, ` +
-          `buffered usage written in ${written.after} ms, ${ev.deliveries.length} threshold events ` +
-          `delivered ${ev.after} ms later`,
-      );
-    });
+    proxy.restore();
+    const ready = await until(
+      '/readyz answers 200',
+      async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
+      10_000,
+    );
+    const written = await until(
+      'buffered usage written',
+      async () => ((await usageOf(during)).length === during.length ? true : undefined),
+      10_000,
+    );
+    assert.equal((await chat(unseenKey)).status, 200, 'an unseen key works again');
+    const ev = await eventsDelivered(20_000);
+    // The attempt whose 2xx could not be recorded was attempted again after
+    // its lease: at-least-once, the first marked lost.
+    const d = ev.deliveries.find((x) => x.id === inFlight.id)!;
+    const attempts = await db.store.db
+      .select()
+      .from(A)
+      .where(eq(A.deliveryId, d.id))
+      .orderBy(A.attemptNo);
+    assert.deepEqual(
+      attempts.map((a) => a.outcome),
+      ['lost', 'succeeded'],
+    );
+    assert.equal(receivedFor(d.id).length, 2);
+    assert.equal(router.child.exitCode, null, 'the router never exited');
+    t.diagnostic(
+      `refused: /readyz 503 after ${notReady.after} ms; ${during.length} requests with a cached key ` +
+        `during the outage, slowest ${slowest} ms; after restore /readyz 200 in ${ready.after} ms, ` +
+        `buffered usage written in ${written.after} ms, ${ev.deliveries.length} threshold events ` +
+        `delivered ${ev.after} ms later`,
+    );
+  });
 
-    it('a network partition: nothing hangs past the query timeout, and it all recovers', async (t) => {
-      const cachedKey = await newKey();
-      const unseenKey = await newKey();
-      assert.equal((await chat(cachedKey)).status, 200);
-      proxy.cut('blackhole');
-      const cutAt = Date.now();
-      const health = await http('GET', `${base}/healthz`);
-      assert.equal(health.status, 200);
-      const timed = async <T>(p: Promise<T>) => {
-        const t0 = Date.now();
-        const v = await p;
-        return { v, ms: Date.now() - t0 };
-      };
-      // Each request may wait for one failed refresh per stale cache (key,
-      // endpoint, workers, balance) before it is served from the cache.
-      const bound = 4 * (QUERY_TIMEOUT_MS + CONNECT_TIMEOUT_MS) + 3000;
-      const ready = timed(http('GET', `${base}/readyz`));
-      const cached: Array<Promise<{ v: Res; ms: number }>> = [];
-      for (let i = 0; i < 4; i++) {
-        cached.push(timed(chat(cachedKey)));
-        await sleep(600);
-      }
-      const unseen = timed(chat(unseenKey));
-      const mgmt = timed(
-        http('GET', `${base}/${projectId}/v1/keys`, { auth: `Bearer ${mgmtKey}` }),
-      );
-      const r = await ready;
-      assert.equal(r.v.status, 503);
-      assert.ok(r.ms < QUERY_TIMEOUT_MS + 2000, `/readyz took ${r.ms} ms`);
-      const results = await Promise.all(cached);
-      for (const c of results) {
-        assert.equal(c.v.status, 200, c.v.text);
-        assert.ok(c.ms < bound, `a cached-key request took ${c.ms} ms`);
-      }
-      for (const x of [await unseen, await mgmt]) {
-        assert.equal(x.v.status, 503, x.v.text);
-        assert.equal(code(x.v), 'unavailable');
-        assert.ok(x.ms < bound, `took ${x.ms} ms`);
-      }
-      const partitionMs = Date.now() - cutAt;
-      assert.equal(router.child.exitCode, null);
+  it('a network partition: nothing hangs past the query timeout, and it all recovers', async (t) => {
+    const cachedKey = await newKey();
+    const unseenKey = await newKey();
+    assert.equal((await chat(cachedKey)).status, 200);
+    proxy.cut('blackhole');
+    const cutAt = Date.now();
+    const health = await http('GET', `${base}/healthz`);
+    assert.equal(health.status, 200);
+    const timed = async <T>(p: Promise<T>) => {
+      const t0 = Date.now();
+      const v = await p;
+      return { v, ms: Date.now() - t0 };
+    };
+    // Each request may wait for one failed refresh per stale cache (key,
+    // endpoint, workers, balance) before it is served from the cache.
+    const bound = 4 * (QUERY_TIMEOUT_MS + CONNECT_TIMEOUT_MS) + 3000;
+    const ready = timed(http('GET', `${base}/readyz`));
+    const cached: Array<Promise<{ v: Res; ms: number }>> = [];
+    for (let i = 0; i < 4; i++) {
+      cached.push(timed(chat(cachedKey)));
+      await sleep(600);
+    }
+    const unseen = timed(chat(unseenKey));
+    const mgmt = timed(http('GET', `${base}/${projectId}/v1/keys`, { auth: `Bearer ${mgmtKey}` }));
+    const r = await ready;
+    assert.equal(r.v.status, 503);
+    assert.ok(r.ms < QUERY_TIMEOUT_MS + 2000, `/readyz took ${r.ms} ms`);
+    const results = await Promise.all(cached);
+    for (const c of results) {
+      assert.equal(c.v.status, 200, c.v.text);
+      assert.ok(c.ms < bound, `a cached-key request took ${c.ms} ms`);
+    }
+    for (const x of [await unseen, await mgmt]) {
+      assert.equal(x.v.status, 503, x.v.text);
+      assert.equal(code(x.v), 'unavailable');
+      assert.ok(x.ms < bound, `took ${x.ms} ms`);
+    }
+    const partitionMs = Date.now() - cutAt;
+    assert.equal(router.child.exitCode, null);
 
-      proxy.restore();
-      const back = await until(
-        '/readyz answers 200',
-        async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
-        15_000,
-      );
-      const ids = results.map((c) => String(c.v.headers['x-request-id']));
-      const written = await until(
-        'usage written',
-        async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
-        15_000,
-      );
-      assert.equal((await chat(unseenKey)).status, 200, 'an unseen key works again');
-      const ev = await eventsDelivered(20_000);
-      assert.equal(router.child.exitCode, null, 'the router never exited');
-      t.diagnostic(
-        `partition of ${partitionMs} ms: /readyz 503 in ${r.ms} ms; cached-key requests 200 in ` +
-          `${results.map((c) => c.ms).join(', ')} ms; unseen key 503 in ${(await unseen).ms} ms; ` +
-          `after healing /readyz 200 in ${back.after} ms, usage written in ${written.after} ms, ` +
-          `${ev.deliveries.length} threshold events delivered`,
-      );
-    });
-  },
-);
+    proxy.restore();
+    const back = await until(
+      '/readyz answers 200',
+      async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
+      15_000,
+    );
+    const ids = results.map((c) => String(c.v.headers['x-request-id']));
+    const written = await until(
+      'usage written',
+      async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
+      15_000,
+    );
+    assert.equal((await chat(unseenKey)).status, 200, 'an unseen key works again');
+    const ev = await eventsDelivered(20_000);
+    assert.equal(router.child.exitCode, null, 'the router never exited');
+    t.diagnostic(
+      `partition of ${partitionMs} ms: /readyz 503 in ${r.ms} ms; cached-key requests 200 in ` +
+        `${results.map((c) => c.ms).join(', ')} ms; unseen key 503 in ${(await unseen).ms} ms; ` +
+        `after healing /readyz 200 in ${back.after} ms, usage written in ${written.after} ms, ` +
+        `${ev.deliveries.length} threshold events delivered`,
+    );
+  });
+});

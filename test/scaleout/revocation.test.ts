@@ -10,151 +10,142 @@ import { startSimWorker } from '../../src/workers/sim/index.js';
 import {
   freshDatabase,
   seedProject,
+  sharedServices,
   startTestServer,
   type TestDatabase,
   type TestServer,
 } from '../support/harness.js';
 
-const dbUrl = process.env.TEST_DATABASE_URL;
-const redisUrl = process.env.TEST_REDIS_URL;
-if (process.env.CI === 'true' && (!dbUrl || !redisUrl)) {
-  throw new Error('CI=true needs TEST_DATABASE_URL and TEST_REDIS_URL');
-}
+const { skip, redisUrl } = sharedServices({ redis: true });
 
-describe(
-  'revocation across instances',
-  { skip: dbUrl && redisUrl ? false : 'needs PostgreSQL and Redis' },
-  () => {
-    let db: TestDatabase;
-    let a: TestServer;
-    let b: TestServer;
-    before(async () => {
-      db = await freshDatabase('postgres');
-      const env = { REDIS_URL: redisUrl!, SWITCHYARD_KEY_CACHE_TTL_MS: '600000' };
-      a = await startTestServer({ shared: { url: db.url! }, env });
-      b = await startTestServer({ shared: { url: db.url! }, env });
-    });
-    after(async () => {
-      await a.close();
-      await b.close();
-      await db.drop();
-    });
+describe('revocation across instances', { skip }, () => {
+  let db: TestDatabase;
+  let a: TestServer;
+  let b: TestServer;
+  before(async () => {
+    db = await freshDatabase('postgres');
+    const env = { REDIS_URL: redisUrl!, SWITCHYARD_KEY_CACHE_TTL_MS: '600000' };
+    a = await startTestServer({ shared: { url: db.url! }, env });
+    b = await startTestServer({ shared: { url: db.url! }, env });
+  });
+  after(async () => {
+    await a.close();
+    await b.close();
+    await db.drop();
+  });
 
-    async function refusedWithin(
-      s: TestServer,
-      path: string,
-      key: string,
-      ms: number,
-    ): Promise<number> {
-      const start = Date.now();
-      for (;;) {
-        const r = await s.call('GET', path, { key });
-        if (r.status === 401) return Date.now() - start;
-        if (Date.now() - start > ms) assert.fail(`still ${r.status} after ${ms} ms`);
-        await new Promise((res) => setTimeout(res, 20));
-      }
+  async function refusedWithin(
+    s: TestServer,
+    path: string,
+    key: string,
+    ms: number,
+  ): Promise<number> {
+    const start = Date.now();
+    for (;;) {
+      const r = await s.call('GET', path, { key });
+      if (r.status === 401) return Date.now() - start;
+      if (Date.now() - start > ms) assert.fail(`still ${r.status} after ${ms} ms`);
+      await new Promise((res) => setTimeout(res, 20));
     }
+  }
 
-    it("a project's billing status and credit changed through one instance hold on the other at once", async () => {
-      const w = await startSimWorker({ model: 'bill-model' });
-      try {
-        const must = async (r: Promise<{ status: number; text: string }>) => {
-          const res = await r;
-          assert.ok(res.status < 300, res.text);
-        };
-        await must(
-          a.admin('POST', '/models', {
-            name: 'bill-model',
-            context_window: 4096,
-            prompt_price_cents_per_mtok: 100_000,
-            completion_price_cents_per_mtok: 100_000,
-          }),
-        );
-        await must(a.admin('POST', '/workers', { model: 'bill-model', tier: 'gpu', url: w.url }));
-        const proj = await a.admin('POST', '/projects', {
-          slug: 'bill',
-          name: 'Bill',
-          credit_cents: 1000,
+  it("a project's billing status and credit changed through one instance hold on the other at once", async () => {
+    const w = await startSimWorker({ model: 'bill-model' });
+    try {
+      const must = async (r: Promise<{ status: number; text: string }>) => {
+        const res = await r;
+        assert.ok(res.status < 300, res.text);
+      };
+      await must(
+        a.admin('POST', '/models', {
+          name: 'bill-model',
+          context_window: 4096,
+          prompt_price_cents_per_mtok: 100_000,
+          completion_price_cents_per_mtok: 100_000,
+        }),
+      );
+      await must(a.admin('POST', '/workers', { model: 'bill-model', tier: 'gpu', url: w.url }));
+      const proj = await a.admin('POST', '/projects', {
+        slug: 'bill',
+        name: 'Bill',
+        credit_cents: 1000,
+      });
+      await must(
+        a.admin('POST', '/projects/bill/endpoints', {
+          slug: 'chat',
+          name: 'Chat',
+          model: 'bill-model',
+          tier: 'gpu',
+        }),
+      );
+      const key = String((await a.admin('POST', '/projects/bill/keys', {})).body.key);
+      const chat = async () => {
+        const r = await b.call('POST', `/${String(proj.body.id)}/chat/v1/chat/completions`, {
+          key,
+          body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
         });
-        await must(
-          a.admin('POST', '/projects/bill/endpoints', {
-            slug: 'chat',
-            name: 'Chat',
-            model: 'bill-model',
-            tier: 'gpu',
-          }),
-        );
-        const key = String((await a.admin('POST', '/projects/bill/keys', {})).body.key);
-        const chat = async () => {
-          const r = await b.call('POST', `/${String(proj.body.id)}/chat/v1/chat/completions`, {
-            key,
-            body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
-          });
-          return { status: r.status, code: (r.body.error as { code?: string } | undefined)?.code };
-        };
-        // b has the balance cached now (its clock does not move: only pub/sub can change it).
-        assert.equal((await chat()).status, 200);
-        const within = async (want: number, what: string) => {
-          for (const start = Date.now(); ;) {
-            const r = await chat();
-            if (r.status === want) return r;
-            if (Date.now() - start > 1000) assert.fail(`${what}: still ${r.status} after 1 s`);
-            await new Promise((res) => setTimeout(res, 20));
-          }
-        };
-        await must(a.admin('PATCH', '/projects/bill', { billing_status: 'delinquent' }));
-        assert.equal((await within(402, 'delinquent')).code, 'billing_delinquent');
-        await must(
-          a.admin('PATCH', '/projects/bill', { billing_status: 'active', credit_cents: 0 }),
-        );
-        assert.equal((await within(402, 'no credit')).code, 'insufficient_quota');
-        await must(a.admin('PATCH', '/projects/bill', { add_credit_cents: 500 }));
-        await within(200, 'credit added');
-      } finally {
-        await w.close();
-      }
-    });
+        return { status: r.status, code: (r.body.error as { code?: string } | undefined)?.code };
+      };
+      // b has the balance cached now (its clock does not move: only pub/sub can change it).
+      assert.equal((await chat()).status, 200);
+      const within = async (want: number, what: string) => {
+        for (const start = Date.now(); ;) {
+          const r = await chat();
+          if (r.status === want) return r;
+          if (Date.now() - start > 1000) assert.fail(`${what}: still ${r.status} after 1 s`);
+          await new Promise((res) => setTimeout(res, 20));
+        }
+      };
+      await must(a.admin('PATCH', '/projects/bill', { billing_status: 'delinquent' }));
+      assert.equal((await within(402, 'delinquent')).code, 'billing_delinquent');
+      await must(a.admin('PATCH', '/projects/bill', { billing_status: 'active', credit_cents: 0 }));
+      assert.equal((await within(402, 'no credit')).code, 'insufficient_quota');
+      await must(a.admin('PATCH', '/projects/bill', { add_credit_cents: 500 }));
+      await within(200, 'credit added');
+    } finally {
+      await w.close();
+    }
+  });
 
-    it('a revoked key is refused by the other instance within 1 s', async () => {
-      const p = await seedProject(a, { slug: 'multi', scopes: ['inference', 'management'] });
-      const path = `/${p.projectId}/v1/models`;
-      const k = await a.call('POST', `/${p.projectId}/v1/keys`, { key: p.key, body: {} });
-      const value = String(k.body.key);
-      assert.equal((await a.call('GET', path, { key: value })).status, 200);
-      assert.equal((await b.call('GET', path, { key: value })).status, 200); // cached on b now
-      const r = await a.call('DELETE', `/${p.projectId}/v1/keys/${String(k.body.id)}`, {
-        key: p.key,
-      });
-      assert.equal(r.status, 200);
-      const ms = await refusedWithin(b, path, value, 1000);
-      assert.ok(ms <= 1000);
+  it('a revoked key is refused by the other instance within 1 s', async () => {
+    const p = await seedProject(a, { slug: 'multi', scopes: ['inference', 'management'] });
+    const path = `/${p.projectId}/v1/models`;
+    const k = await a.call('POST', `/${p.projectId}/v1/keys`, { key: p.key, body: {} });
+    const value = String(k.body.key);
+    assert.equal((await a.call('GET', path, { key: value })).status, 200);
+    assert.equal((await b.call('GET', path, { key: value })).status, 200); // cached on b now
+    const r = await a.call('DELETE', `/${p.projectId}/v1/keys/${String(k.body.id)}`, {
+      key: p.key,
     });
+    assert.equal(r.status, 200);
+    const ms = await refusedWithin(b, path, value, 1000);
+    assert.ok(ms <= 1000);
+  });
 
-    it('after rotation, the other instance serves each value with its own scopes at once', async () => {
-      const p = await seedProject(a, { slug: 'multi2', scopes: ['inference', 'management'] });
-      const k = await a.call('POST', `/${p.projectId}/v1/keys`, {
-        key: p.key,
-        body: { scopes: ['inference', 'management'] },
-      });
-      const value = String(k.body.key);
-      const models = `/${p.projectId}/v1/models`;
-      const keys = `/${p.projectId}/v1/keys`;
-      // b has verified (and cached) the value with both scopes.
-      assert.equal((await b.call('GET', models, { key: value })).status, 200);
-      assert.equal((await b.call('GET', keys, { key: value })).status, 200);
-      const r = await a.call('POST', `${keys}/${String(k.body.id)}/rotate`, {
-        key: p.key,
-        body: { scopes: ['inference'] },
-      });
-      assert.equal(r.status, 200, r.text);
-      const fresh = String(r.body.key);
-      // The old value keeps inference for its grace period, and loses management on
-      // the other instance at once...
-      assert.equal((await b.call('GET', models, { key: value })).status, 200);
-      assert.equal((await b.call('GET', keys, { key: value })).status, 403);
-      // ...and the new value has the new scopes there too.
-      assert.equal((await b.call('GET', models, { key: fresh })).status, 200);
-      assert.equal((await b.call('GET', keys, { key: fresh })).status, 403);
+  it('after rotation, the other instance serves each value with its own scopes at once', async () => {
+    const p = await seedProject(a, { slug: 'multi2', scopes: ['inference', 'management'] });
+    const k = await a.call('POST', `/${p.projectId}/v1/keys`, {
+      key: p.key,
+      body: { scopes: ['inference', 'management'] },
     });
-  },
-);
+    const value = String(k.body.key);
+    const models = `/${p.projectId}/v1/models`;
+    const keys = `/${p.projectId}/v1/keys`;
+    // b has verified (and cached) the value with both scopes.
+    assert.equal((await b.call('GET', models, { key: value })).status, 200);
+    assert.equal((await b.call('GET', keys, { key: value })).status, 200);
+    const r = await a.call('POST', `${keys}/${String(k.body.id)}/rotate`, {
+      key: p.key,
+      body: { scopes: ['inference'] },
+    });
+    assert.equal(r.status, 200, r.text);
+    const fresh = String(r.body.key);
+    // The old value keeps inference for its grace period, and loses management on
+    // the other instance at once...
+    assert.equal((await b.call('GET', models, { key: value })).status, 200);
+    assert.equal((await b.call('GET', keys, { key: value })).status, 403);
+    // ...and the new value has the new scopes there too.
+    assert.equal((await b.call('GET', models, { key: fresh })).status, 200);
+    assert.equal((await b.call('GET', keys, { key: fresh })).status, 403);
+  });
+});

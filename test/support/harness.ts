@@ -27,6 +27,32 @@ export function drivers(): Driver[] {
   return process.env.TEST_DATABASE_URL ? ['pglite', 'postgres'] : ['pglite'];
 }
 
+/** The PostgreSQL and Redis a multi-instance suite shares, from the environment. */
+export interface SharedServices {
+  /** node:test's `skip` for the suite: false, or the reason it is skipped. */
+  skip: string | false;
+  /** TEST_DATABASE_URL. */
+  databaseUrl: string | undefined;
+  /** TEST_REDIS_URL, when the suite asked for Redis. */
+  redisUrl: string | undefined;
+}
+
+/**
+ * What a suite of several routers on one database needs: PostgreSQL
+ * (TEST_DATABASE_URL) and, with `redis`, Redis (TEST_REDIS_URL). Without them the
+ * suite is skipped, except in CI (CI=true), where this throws: those suites must
+ * run there, and a skip would pass unnoticed.
+ */
+export function sharedServices(opts: { redis?: boolean } = {}): SharedServices {
+  const databaseUrl = process.env.TEST_DATABASE_URL;
+  const redisUrl = opts.redis ? process.env.TEST_REDIS_URL : undefined;
+  const needs = opts.redis ? 'TEST_DATABASE_URL and TEST_REDIS_URL' : 'TEST_DATABASE_URL';
+  const missing = !databaseUrl || (opts.redis && !redisUrl);
+  if (missing && process.env.CI === 'true') throw new Error(`CI=true needs ${needs}`);
+  const what = opts.redis ? 'PostgreSQL and Redis' : 'PostgreSQL';
+  return { skip: missing ? `needs ${what} (${needs})` : false, databaseUrl, redisUrl };
+}
+
 export interface TestDatabase {
   store: Store;
   url: string | undefined;
