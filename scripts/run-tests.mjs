@@ -28,7 +28,11 @@ if (exclude.length) files = files.filter((f) => !exclude.some((x) => f.includes(
 // Files that spawn real processes first: they are the longest (up to two minutes of
 // waiting for servers to start and stop) and leave CPU free while they wait, so the
 // two runner slots end together instead of one finishing such a file alone at the end.
-const spawns = (f) => /spawnSwitchyard\(|spawn\(process\.execPath/.test(readFileSync(f, 'utf8'));
+// (test/support/cluster.ts starts them through its serve/spawnServe/simWorker/spawn.)
+const spawns = (f) =>
+  /spawnSwitchyard\(|spawn\(process\.execPath|\.(serve|spawnServe|simWorker|spawn)\(/.test(
+    readFileSync(f, 'utf8'),
+  );
 files = [...files.filter(spawns), ...files.filter((f) => !spawns(f))];
 const viaTsx = process.env.SWY_TEST_TSX === '1';
 const mirror = viaTsx ? null : await compileTests();

@@ -9,28 +9,22 @@ import { after, before, describe, it } from 'node:test';
 import OpenAI, { toFile } from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import {
-  freshDatabase,
-  sharedServices,
-  startTestServer,
-  type TestDatabase,
-  type TestServer,
-} from '../support/harness.js';
+import { cluster } from '../support/cluster.js';
+import { sharedServices, type TestServer } from '../support/harness.js';
 import { chatLine } from './support.js';
 
 const { skip } = sharedServices();
 
 describe('files and batches across instances', { skip }, () => {
-  let db: TestDatabase;
+  const routers = cluster();
   let a: TestServer;
   let b: TestServer;
   let worker: SimWorker;
   let ca: OpenAI;
   let cb: OpenAI;
   before(async () => {
-    db = await freshDatabase('postgres');
-    a = await startTestServer({ shared: { url: db.url! } });
-    b = await startTestServer({ shared: { url: db.url! } });
+    a = await routers.inProcess();
+    b = await routers.inProcess();
     worker = await startSimWorker({ model: 'sim-model', contextWindow: 4096 });
     await a.admin('POST', '/models', { name: 'sim-model', context_window: 4096 });
     await a.admin('POST', '/workers', { model: 'sim-model', tier: 'cpu', url: worker.url });
@@ -47,12 +41,7 @@ describe('files and batches across instances', { skip }, () => {
     ca = new OpenAI({ baseURL: a.url + path, apiKey, maxRetries: 0 });
     cb = new OpenAI({ baseURL: b.url + path, apiKey, maxRetries: 0 });
   });
-  after(async () => {
-    await a.close();
-    await b.close();
-    await worker.close();
-    await db.drop();
-  });
+  after(() => worker.close());
 
   it('serves a file from the other instance, whole or assembled from parts', async () => {
     const data = Buffer.alloc(2 * 1024 * 1024 + 5, 0x5a);

@@ -8,21 +8,12 @@
  * Needs PostgreSQL (TEST_DATABASE_URL); runs the built binary (`npm run build` first).
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import OpenAI, { toFile } from 'openai';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import {
-  ADMIN_TOKEN,
-  freshDatabase,
-  http,
-  sharedServices,
-  type TestDatabase,
-} from '../support/harness.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { cluster, operator } from '../support/cluster.js';
+import { sharedServices } from '../support/harness.js';
 import { chatLine } from './support.js';
 
 const { skip } = sharedServices();
@@ -31,46 +22,21 @@ describe(
   'a batch taken by an api instance, run by a dispatcher instance',
   { skip, timeout: 90_000 },
   () => {
-    const dir = mkdtempSync(join(tmpdir(), 'swy-batch-split-'));
-    const children: Spawned[] = [];
-    let db: TestDatabase;
+    const routers = cluster({ store: false });
     let worker: SimWorker;
     let base = '';
-
-    const serve = (name: string, roles: string) => {
-      const p = spawnSwitchyard(['serve', '--roles', roles], {
-        DATABASE_URL: db.url!,
-        SWITCHYARD_DATA_DIR: join(dir, name),
-        PORT: '0',
-        SWITCHYARD_DEMO: '0',
-        LOG_LEVEL: 'warn',
-        SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
-      });
-      children.push(p);
-      return p;
-    };
     const admin = async (path: string, body: unknown) => {
-      const r = await http('POST', `${base}/admin/v1${path}`, {
-        auth: `Bearer ${ADMIN_TOKEN}`,
-        body,
-      });
+      const r = await operator(base)('POST', path, body);
       assert.ok(r.status === 200 || r.status === 201, r.text);
       return r.body;
     };
 
     before(async () => {
-      db = await freshDatabase('postgres');
-      await db.store.close();
       worker = await startSimWorker({ model: 'sim-model', contextWindow: 4096 });
-      base = (await serve('api', 'api').waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
-      await serve('dispatcher', 'dispatcher').waitFor(/Switchyard listening on/);
+      base = (await routers.serve({ args: ['--roles', 'api'] })).url;
+      await routers.serve({ args: ['--roles', 'dispatcher'] });
     });
-    after(async () => {
-      for (const c of children) await c.stop('SIGKILL');
-      await worker?.close();
-      await db?.drop();
-      rmSync(dir, { recursive: true, force: true });
-    });
+    after(() => worker?.close());
 
     it('every line runs and succeeds', async () => {
       await admin('/models', { name: 'sim-model', context_window: 4096 });

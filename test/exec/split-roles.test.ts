@@ -13,16 +13,10 @@
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
-import {
-  ADMIN_TOKEN,
-  freshDatabase,
-  http,
-  sharedServices,
-  type TestDatabase,
-} from '../support/harness.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
-import { manifestFile, tempDir } from '../exec-transport/support.js';
+import { before, describe, it } from 'node:test';
+import { cluster, listening } from '../support/cluster.js';
+import { ADMIN_TOKEN, http, sharedServices } from '../support/harness.js';
+import { manifestFile } from '../exec-transport/support.js';
 import { until } from './agents.js';
 
 const { skip } = sharedServices();
@@ -31,36 +25,26 @@ describe(
   'exec with the API and the broker on different processes',
   { skip, timeout: 90_000 },
   () => {
-    const tmp = tempDir('swy-exec-split-');
-    const children: Spawned[] = [];
-    let db: TestDatabase;
+    const routers = cluster();
+    /** The agent's manifest, key file and the stubborn tool's mark. */
+    let dir = '';
     let apiBase = '';
     let projectId = '';
     let execKey = '';
     let ws = '';
 
-    const serve = (name: string, roles: string) => {
-      const p = spawnSwitchyard(['serve', '--roles', roles], {
-        DATABASE_URL: db.url!,
-        SWITCHYARD_DATA_DIR: join(tmp.dir, name),
-        PORT: '0',
-        SWITCHYARD_DEMO: '0',
-        LOG_LEVEL: 'warn',
-        SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
-        SWITCHYARD_EXEC_LEASE_MS: '3000',
-        SWITCHYARD_EXEC_TICK_MS: '100',
+    const serve = (roles: string) =>
+      routers.spawnServe({
+        args: ['--roles', roles],
+        env: { SWITCHYARD_EXEC_LEASE_MS: '3000', SWITCHYARD_EXEC_TICK_MS: '100' },
       });
-      children.push(p);
-      return p;
-    };
     const api = (method: string, path: string, key: string, body?: unknown) =>
       http(method, `${apiBase}/${projectId}/v1${path}`, { auth: `Bearer ${key}`, body });
 
     before(async () => {
-      db = await freshDatabase('postgres');
-      const apiProc = serve('api', 'api,dispatcher');
-      apiBase = (await apiProc.waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
-      const brokerProc = serve('broker', 'broker');
+      dir = routers.dataDir();
+      apiBase = await listening(serve('api,dispatcher'));
+      const brokerProc = serve('broker');
       const [, enroll, agents] = await brokerProc.waitFor(
         /Exec broker: enroll (tcp:\/\/127\.0\.0\.1:\d+)\s+agents (tcp:\/\/127\.0\.0\.1:\d+)/,
       );
@@ -92,17 +76,16 @@ describe(
       const jk = await api('POST', '/join_keys', keys.management!, { name: 'fleet' });
       assert.equal(jk.status, 201, jk.text);
 
-      const agent = spawnSwitchyard(['agent'], {
+      routers.spawn(['agent'], {
         SWITCHYARD_AGENT_ENROLL_ENDPOINT: enroll!,
         SWITCHYARD_AGENT_ENDPOINT: agents!,
         SWITCHYARD_AGENT_SERVER_KEY: serverKey!,
         SWITCHYARD_AGENT_NAME: 'solo',
-        SWITCHYARD_AGENT_MANIFEST: manifestFile(tmp.dir),
-        SWITCHYARD_AGENT_KEY_FILE: join(tmp.dir, 'solo.key'),
+        SWITCHYARD_AGENT_MANIFEST: manifestFile(dir),
+        SWITCHYARD_AGENT_KEY_FILE: join(dir, 'solo.key'),
         SWITCHYARD_AGENT_JOIN_KEY: String(jk.body.key),
         LOG_LEVEL: 'info',
       });
-      children.push(agent);
       // Online as the API process sees it (the shared database): the catalog lists its tools.
       await until(
         async () => {
@@ -113,12 +96,6 @@ describe(
         15_000,
         'the agent online through the API process',
       );
-    });
-
-    after(async () => {
-      for (const c of children) if (c.child.exitCode === null) c.child.kill('SIGKILL');
-      await db?.drop();
-      tmp.cleanup();
     });
 
     it('an invocation created on the API process is dispatched by the broker process and completes', async () => {
@@ -164,7 +141,7 @@ describe(
       assert.equal(c.body.status, 'cancelled', c.text);
       // The tool traps SIGTERM and writes this file: the agent was told to kill it
       // (long before its own timeout would).
-      await until(() => existsSync(join(tmp.dir, 'term-mark')), 5_000, 'the tool got SIGTERM');
+      await until(() => existsSync(join(dir, 'term-mark')), 5_000, 'the tool got SIGTERM');
     });
   },
 );

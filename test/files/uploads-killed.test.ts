@@ -7,62 +7,33 @@
  * Needs PostgreSQL (TEST_DATABASE_URL); runs the built binary (`npm run build` first).
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { like } from 'drizzle-orm';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
-import {
-  ADMIN_TOKEN,
-  freshDatabase,
-  http,
-  sharedServices,
-  type TestDatabase,
-} from '../support/harness.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { cluster } from '../support/cluster.js';
+import { ADMIN_TOKEN, http, sharedServices } from '../support/harness.js';
 
 const { skip } = sharedServices();
 
 describe('a router killed while a part streams in', { skip, timeout: 90_000 }, () => {
-  const dir = mkdtempSync(join(tmpdir(), 'swy-upload-killed-'));
-  const children: Spawned[] = [];
-  let db: TestDatabase;
+  const routers = cluster();
 
-  const serve = async (name: string) => {
-    const p = spawnSwitchyard(['serve'], {
-      DATABASE_URL: db.url!,
-      SWITCHYARD_DATA_DIR: join(dir, name),
-      PORT: '0',
-      SWITCHYARD_DEMO: '0',
-      LOG_LEVEL: 'warn',
-      SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
-    });
-    children.push(p);
-    const base = (await p.waitFor(/Switchyard listening on (http:\/\/\S+)/))[1]!;
-    return { p, base };
+  const serve = async () => {
+    const r = await routers.serve();
+    return { p: r.proc, base: r.url };
   };
   const partChunks = async () =>
     (
-      await db.store.db
+      await routers.db.store.db
         .select({ owner: tables.blobChunks.owner })
         .from(tables.blobChunks)
         .where(like(tables.blobChunks.owner, 'part_%'))
     ).length;
 
-  before(async () => {
-    db = await freshDatabase('postgres');
-  });
-  after(async () => {
-    for (const c of children) await c.stop('SIGKILL');
-    await db?.drop();
-    rmSync(dir, { recursive: true, force: true });
-  });
-
   it('the upload completes without the dead part, and its bytes are dropped', async () => {
-    const first = await serve('a');
+    const first = await serve();
     const admin = async (path: string, body: unknown) => {
       const r = await http('POST', `${first.base}/admin/v1${path}`, {
         auth: `Bearer ${ADMIN_TOKEN}`,
@@ -113,7 +84,7 @@ describe('a router killed while a part streams in', { skip, timeout: 90_000 }, (
     assert.equal(await first.p.stop('SIGKILL'), null);
     await res;
 
-    const second = await serve('b');
+    const second = await serve();
     const c = client(second.base);
     // The dead part holds no bytes the upload could count or assemble.
     const good = await c.uploads.parts.create(upload.id, {
@@ -122,6 +93,6 @@ describe('a router killed while a part streams in', { skip, timeout: 90_000 }, (
     const done = await c.uploads.complete(upload.id, { part_ids: [good.id] });
     assert.equal(done.file?.bytes, 3);
     assert.equal(await partChunks(), 0, 'the dead part’s chunks were dropped');
-    assert.equal((await db.store.db.select().from(tables.uploadParts)).length, 0);
+    assert.equal((await routers.db.store.db.select().from(tables.uploadParts)).length, 0);
   });
 });

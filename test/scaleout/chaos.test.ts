@@ -27,28 +27,19 @@
  * is shortened through the test-only overrides so six attempts fit in seconds.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { and, eq, inArray, sql } from 'drizzle-orm';
 import { request } from 'undici';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import {
-  freshDatabase,
-  http,
-  sharedServices,
-  type Res,
-  type TestDatabase,
-} from '../support/harness.js';
+import { cluster, listening, operator } from '../support/cluster.js';
+import { http, sharedServices, type Res } from '../support/harness.js';
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import type { Spawned } from '../support/process.js';
 import { mulberry32 } from '../../src/runtime/prng.js';
 
-const { skip, redisUrl } = sharedServices({ redis: true });
+const { skip } = sharedServices({ redis: true });
 
-const TOKEN = 'chaos-operator-token';
 const MODEL = 'chaos-model';
 const TPOT_MS = 20;
 /** 100 cents per completion token: a one-token request is 10% of a 1,000-cent budget. */
@@ -171,57 +162,36 @@ describe(
   'three router instances, two sim workers, under faults',
   { skip, timeout: 180_000 },
   () => {
-    let db: TestDatabase;
+    const routers = cluster({ redis: true });
     let receiver: Receiver;
     const instances: Instance[] = [];
-    const spawned: Spawned[] = [];
     const workers = new Map<string, { proc: Spawned; url: string }>();
-    const dirs: string[] = [];
     /** Exits nobody asked for (only our SIGKILLs are expected). */
     const unexpectedExits: string[] = [];
     let env: Record<string, string> = {};
     let secret = '';
 
-    const killAll = () => {
-      for (const p of spawned) if (p.child.exitCode === null) p.child.kill('SIGKILL');
-    };
-    process.on('exit', killAll);
-
     const live = () => instances.filter((i) => !i.down && i.proc?.child.exitCode === null);
     const any = () => live()[0]!.url;
-    const op = (path: string, body: unknown) =>
-      http('POST', `${any()}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+    const op = (path: string, body: unknown) => operator(any())('POST', path, body);
 
     async function startInstance(inst: Instance): Promise<void> {
-      const p = spawnSwitchyard(['serve'], { ...env, SWITCHYARD_DATA_DIR: inst.dir });
-      spawned.push(p);
+      const p = routers.spawnServe({ env, dataDir: inst.dir });
       inst.proc = p;
       p.child.on('exit', (code, signal) => {
         if (signal !== 'SIGKILL') unexpectedExits.push(`exit ${code} ${signal}: ${p.stderr()}`);
       });
-      inst.url = (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/, 60_000))[1]!;
+      inst.url = await listening(p, 60_000);
       inst.down = false;
     }
 
     async function startWorker(id: string): Promise<string> {
-      const p = spawnSwitchyard(
-        [
-          'worker',
-          '--engine',
-          'sim',
-          '--port',
-          '0',
-          '--model',
-          MODEL,
-          '--tpot-ms',
-          String(TPOT_MS),
-        ],
-        {},
-      );
-      spawned.push(p);
-      const url = (await p.waitFor(/serving (http:\/\/\S+\/v1)/, 60_000))[1]!;
-      workers.set(id, { proc: p, url });
-      return url;
+      const w = await routers.simWorker(MODEL, {
+        args: ['--tpot-ms', String(TPOT_MS)],
+        timeoutMs: 60_000,
+      });
+      workers.set(id, w);
+      return w.url;
     }
 
     async function project(slug: string): Promise<{ id: string; uuid: string; mgmt: string }> {
@@ -269,28 +239,20 @@ describe(
       });
 
     before(async () => {
-      db = await freshDatabase('postgres');
       receiver = await startReceiver();
+      // Over the cluster's defaults (its database, Redis, admin token, no demo, port 0, warn).
       env = {
-        DATABASE_URL: db.url!,
-        REDIS_URL: redisUrl!,
-        SWITCHYARD_ADMIN_TOKEN: TOKEN,
-        SWITCHYARD_DEMO: '0',
         // Cached verifications live 10 minutes: only pub/sub can revoke them in 1 s.
         SWITCHYARD_KEY_CACHE_TTL_MS: '600000',
         SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
         // Trusted through Node's extra CAs (cheaper per connection than
         // SWITCHYARD_WEBHOOK_CA_FILE, see test/webhooks/crash.test.ts).
         NODE_EXTRA_CA_CERTS: receiver.caFile,
-        PORT: '0',
-        LOG_LEVEL: 'warn',
         ...SCHEDULE,
       };
       const [w1, w2] = await Promise.all([startWorker('w1'), startWorker('w2')]);
       for (let i = 0; i < 3; i++) {
-        const dir = mkdtempSync(join(tmpdir(), 'swy-chaos-'));
-        dirs.push(dir);
-        instances.push({ proc: null, url: '', dir, down: true });
+        instances.push({ proc: null, url: '', dir: routers.dataDir(), down: true });
       }
       // The first applies the migrations; the others find them done.
       await startInstance(instances[0]!);
@@ -310,13 +272,7 @@ describe(
       }
     });
 
-    after(async () => {
-      process.off('exit', killAll);
-      await Promise.all(spawned.map((p) => p.stop('SIGKILL')));
-      await receiver?.close();
-      await db?.drop();
-      for (const d of dirs) rmSync(d, { recursive: true, force: true });
-    });
+    after(() => receiver?.close());
 
     it('(a) an endpoint rpm and a key quota hold globally across the three instances', async (t) => {
       const p = await project('limits');
@@ -437,7 +393,7 @@ describe(
         await until(
           'usage of the six streams',
           async () => {
-            const r = await db.store.db.select().from(U).where(inArray(U.requestId, ids));
+            const r = await routers.db.store.db.select().from(U).where(inArray(U.requestId, ids));
             return r.length === ids.length ? r : undefined;
           },
           10_000,
@@ -516,7 +472,7 @@ describe(
       let watching = true;
       const watcher = (async () => {
         while (watching) {
-          const [row] = await db.store.db
+          const [row] = await routers.db.store.db
             .select({ m: sql<number>`coalesce(max(${D.attemptCount}), 0)::int` })
             .from(D)
             .where(eq(D.projectId, p.uuid));
@@ -534,7 +490,7 @@ describe(
       const pending = async () =>
         Number(
           (
-            await db.store.db
+            await routers.db.store.db
               .select({ n: sql<number>`count(*)::int` })
               .from(D)
               .where(and(eq(D.projectId, p.uuid), eq(D.status, 'pending')))
@@ -564,7 +520,7 @@ describe(
       const recorded = async () =>
         Number(
           (
-            await db.store.db
+            await routers.db.store.db
               .select({ n: sql<number>`count(*)::int` })
               .from(U)
               .where(and(eq(U.projectId, p.uuid), eq(U.status, 'completed')))
@@ -598,7 +554,7 @@ describe(
       const settled = await until(
         'every delivery ends delivered or failed',
         async () => {
-          const ds = await db.store.db.select().from(D).where(eq(D.projectId, p.uuid));
+          const ds = await routers.db.store.db.select().from(D).where(eq(D.projectId, p.uuid));
           return ds.length > 0 && ds.every((d) => d.status !== 'pending') ? ds : undefined;
         },
         45_000,
@@ -609,7 +565,7 @@ describe(
       const ds = settled.value;
 
       // Every event has exactly its one delivery; every alert fired all ten thresholds.
-      const events = await db.store.db
+      const events = await routers.db.store.db
         .select()
         .from(tables.events)
         .where(eq(tables.events.projectId, p.uuid));
@@ -629,7 +585,7 @@ describe(
       }
 
       const A = tables.webhookAttempts;
-      const attempts = await db.store.db
+      const attempts = await routers.db.store.db
         .select()
         .from(A)
         .where(

@@ -6,62 +6,33 @@
  * serving the demo; one stopped cleanly removes its row.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { ensureDemo } from '../../src/operator/bootstrap.js';
-import {
-  freshDatabase,
-  http,
-  sharedServices,
-  startTestServer,
-  type TestDatabase,
-} from '../support/harness.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { cluster, operator } from '../support/cluster.js';
+import { freshDatabase, http, sharedServices, startTestServer } from '../support/harness.js';
+import type { Spawned } from '../support/process.js';
 
 const { skip } = sharedServices();
 
-const TOKEN = 'demo-scaleout-token';
-
 describe('the embedded demo worker on a shared database', { skip }, () => {
-  let db: TestDatabase;
-  const procs: Spawned[] = [];
-  const dirs: string[] = [];
+  const routers = cluster({ store: false });
 
   async function instance(): Promise<{ p: Spawned; url: string }> {
-    const dir = mkdtempSync(join(tmpdir(), 'swy-demo-'));
-    dirs.push(dir);
-    const p = spawnSwitchyard(['serve'], {
-      DATABASE_URL: db.url!,
-      SWITCHYARD_DATA_DIR: dir,
-      SWITCHYARD_ADMIN_TOKEN: TOKEN,
-      SWITCHYARD_DEMO_ENGINE: 'sim',
-      PORT: '0',
-      LOG_LEVEL: 'error',
+    const r = await routers.serve({
+      // The demo on (the cluster's default is off), with its sim engine.
+      env: { SWITCHYARD_DEMO: '1', SWITCHYARD_DEMO_ENGINE: 'sim', LOG_LEVEL: 'error' },
     });
-    procs.push(p);
-    return { p, url: (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]! };
+    return { p: r.proc, url: r.url };
   }
 
   const embedded = async (url: string): Promise<string[]> => {
-    const r = await http('GET', `${url}/admin/v1/workers`, { auth: `Bearer ${TOKEN}` });
+    const r = await operator(url)('GET', '/workers');
     assert.equal(r.status, 200, r.text);
     return (r.body.data as Array<{ id: string }>)
       .map((w) => w.id)
       .filter((id) => id.startsWith('embedded-demo'))
       .sort();
   };
-
-  before(async () => {
-    db = await freshDatabase('postgres');
-    await db.store.close();
-  });
-  after(async () => {
-    for (const p of procs) await p.stop('SIGKILL');
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-    await db.drop();
-  });
 
   it('each instance has its own row; a killed one leaves the demo served, a stopped one leaves no row', async () => {
     const a = await instance();

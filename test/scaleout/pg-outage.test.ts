@@ -27,20 +27,11 @@
  * Skipped without TEST_DATABASE_URL (required in CI).
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { eq, inArray } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import {
-  freshDatabase,
-  http as rawHttp,
-  sharedServices,
-  type Res,
-  type TestDatabase,
-} from '../support/harness.js';
+import { ADMIN_TOKEN, http as rawHttp, sharedServices, type Res } from '../support/harness.js';
 
 /** The harness's client, naming the call that failed (a reset says which request died). */
 const http: typeof rawHttp = async (method, url, opts) => {
@@ -51,12 +42,12 @@ const http: typeof rawHttp = async (method, url, opts) => {
   }
 };
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { cluster, listening } from '../support/cluster.js';
+import type { Spawned } from '../support/process.js';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.js';
 
 const { skip } = sharedServices();
 
-const TOKEN = 'outage-operator-token';
 const MODEL = 'outage-model';
 /** 100 cents per completion token: a one-token request is 10% of the 1,000-cent budget. */
 const PRICE = 100_000_000;
@@ -96,27 +87,24 @@ async function until<T>(
 const code = (r: Res) => (r.body.error as { code?: string } | undefined)?.code;
 
 describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () => {
-  let db: TestDatabase;
+  /** Held receiver answers, released by the test (and before anything else stops). */
+  const held: Array<(b: Behaviour) => void> = [];
+  after(() => {
+    for (const resolve of held.splice(0)) resolve('ok');
+  });
+  const routers = cluster();
   let proxy: TcpProxy;
   let receiver: Receiver;
   let router: Spawned;
-  const procs: Spawned[] = [];
-  const dirs: string[] = [];
   let base = '';
   let projectId = '';
   let projectUuid = '';
   let mgmtKey = '';
   let secret = '';
-  /** Held receiver answers, released by the test. */
-  const held: Array<(b: Behaviour) => void> = [];
   let hold = false;
-  const killAll = () => {
-    for (const p of procs) if (p.child.exitCode === null) p.child.kill('SIGKILL');
-  };
-  process.on('exit', killAll);
 
   const op = (path: string, body: unknown) =>
-    http('POST', `${base}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+    http('POST', `${base}/admin/v1${path}`, { auth: `Bearer ${ADMIN_TOKEN}`, body });
   /** Request ids of every completion answered 200 (each one token, 10% of the budget). */
   const answered: string[] = [];
   const chat = async (key: string) => {
@@ -142,11 +130,11 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
   };
   const D = tables.webhookDeliveries;
   const A = tables.webhookAttempts;
-  const deliveries = () => db.store.db.select().from(D).where(eq(D.projectId, projectUuid));
+  const deliveries = () => routers.db.store.db.select().from(D).where(eq(D.projectId, projectUuid));
   const usageOf = async (ids: string[]) =>
     ids.length === 0
       ? []
-      : db.store.db
+      : routers.db.store.db
           .select({ id: tables.usageRecords.requestId })
           .from(tables.usageRecords)
           .where(inArray(tables.usageRecords.requestId, ids));
@@ -154,34 +142,24 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     receiver.received.filter((r) => r.headers['x-webhook-id'] === id);
 
   before(async () => {
-    db = await freshDatabase('postgres');
-    const target = new URL(db.url!);
+    const target = new URL(routers.url);
     proxy = await startTcpProxy(target.hostname, Number(target.port || 5432));
     receiver = await startReceiver();
     receiver.behaviour = () =>
       hold ? new Promise<Behaviour>((resolve) => held.push(resolve)) : 'ok';
-    const worker = spawnSwitchyard(
-      ['worker', '--engine', 'sim', '--port', '0', '--model', MODEL],
-      {},
-    );
-    procs.push(worker);
-    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-    const dir = mkdtempSync(join(tmpdir(), 'swy-outage-'));
-    dirs.push(dir);
-    router = spawnSwitchyard(['serve'], {
-      DATABASE_URL: `${proxy.rewrite(db.url!)}?query_timeout=${QUERY_TIMEOUT_MS}&connectionTimeoutMillis=${CONNECT_TIMEOUT_MS}`,
-      SWITCHYARD_DATA_DIR: dir,
-      SWITCHYARD_ADMIN_TOKEN: TOKEN,
-      SWITCHYARD_DEMO: '0',
-      SWITCHYARD_DB_POOL_SIZE: '4',
-      SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
-      NODE_EXTRA_CA_CERTS: receiver.caFile,
-      PORT: '0',
-      LOG_LEVEL: 'warn',
-      ...SCHEDULE,
+    const worker = await routers.simWorker(MODEL);
+    const workerUrl = worker.url;
+    // The database through the proxy, with the shortened bounds on waiting for it.
+    router = routers.spawnServe({
+      env: {
+        DATABASE_URL: `${proxy.rewrite(routers.url)}?query_timeout=${QUERY_TIMEOUT_MS}&connectionTimeoutMillis=${CONNECT_TIMEOUT_MS}`,
+        SWITCHYARD_DB_POOL_SIZE: '4',
+        SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
+        NODE_EXTRA_CA_CERTS: receiver.caFile,
+        ...SCHEDULE,
+      },
     });
-    procs.push(router);
-    base = (await router.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
+    base = await listening(router);
 
     assert.equal(
       (
@@ -224,13 +202,8 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
   });
 
   after(async () => {
-    process.off('exit', killAll);
-    for (const resolve of held.splice(0)) resolve('ok');
-    for (const p of procs) await p.stop('SIGKILL');
     await proxy?.close();
     await receiver?.close();
-    await db?.drop();
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
   });
 
   /**
@@ -260,7 +233,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
       },
       ms,
     );
-    const events = await db.store.db
+    const events = await routers.db.store.db
       .select({ body: tables.events.body })
       .from(tables.events)
       .where(eq(tables.events.projectId, projectUuid));
@@ -359,7 +332,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     // The attempt whose 2xx could not be recorded was attempted again after
     // its lease: at-least-once, the first marked lost.
     const d = ev.deliveries.find((x) => x.id === inFlight.id)!;
-    const attempts = await db.store.db
+    const attempts = await routers.db.store.db
       .select()
       .from(A)
       .where(eq(A.deliveryId, d.id))

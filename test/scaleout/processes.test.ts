@@ -5,57 +5,28 @@
  * process is refused by the other within 1 s.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
-import { freshDatabase, http, sharedServices, type TestDatabase } from '../support/harness.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import { before, describe, it } from 'node:test';
+import { cluster } from '../support/cluster.js';
+import { http, sharedServices } from '../support/harness.js';
 
-const { skip, redisUrl } = sharedServices({ redis: true });
-
-const TOKEN = 'scaleout-operator-token';
+const { skip } = sharedServices({ redis: true });
 
 describe('two router processes', { skip }, () => {
-  let db: TestDatabase;
-  const procs: Spawned[] = [];
-  const dirs: string[] = [];
+  const routers = cluster({ redis: true, store: false });
   let a = '';
   let b = '';
   let projectId = '';
   let mgmtKey = '';
 
   before(async () => {
-    db = await freshDatabase('postgres');
-    await db.store.close();
-    const worker = spawnSwitchyard(
-      ['worker', '--engine', 'sim', '--port', '0', '--model', 'scale-model'],
-      {},
-    );
-    procs.push(worker);
-    const workerUrl = (await worker.waitFor(/serving (http:\/\/\S+\/v1)/))[1]!;
-    for (let i = 0; i < 2; i++) {
-      const dir = mkdtempSync(join(tmpdir(), 'swy-scale-'));
-      dirs.push(dir);
-      const p = spawnSwitchyard(['serve'], {
-        DATABASE_URL: db.url!,
-        REDIS_URL: redisUrl!,
-        SWITCHYARD_DATA_DIR: dir,
-        SWITCHYARD_ADMIN_TOKEN: TOKEN,
-        SWITCHYARD_DEMO: '0',
-        PORT: '0',
-        LOG_LEVEL: 'warn',
-      });
-      procs.push(p);
-      const url = (await p.waitFor(/listening on (http:\/\/127\.0\.0\.1:\d+)/))[1]!;
-      if (i === 0) a = url;
-      else b = url;
-    }
-    const op = (path: string, body: unknown) =>
-      http('POST', `${a}/admin/v1${path}`, { auth: `Bearer ${TOKEN}`, body });
+    const worker = await routers.simWorker('scale-model');
+    const first = await routers.serve();
+    a = first.url;
+    b = (await routers.serve()).url;
+    const op = (path: string, body: unknown) => first.admin('POST', path, body);
     assert.equal((await op('/models', { name: 'scale-model', context_window: 4096 })).status, 201);
     assert.equal(
-      (await op('/workers', { model: 'scale-model', tier: 'free', url: workerUrl })).status,
+      (await op('/workers', { model: 'scale-model', tier: 'free', url: worker.url })).status,
       201,
     );
     const proj = await op('/projects', { slug: 'scale', name: 'Scale' });
@@ -72,12 +43,6 @@ describe('two router processes', { skip }, () => {
       201,
     );
     mgmtKey = String((await op('/projects/scale/keys', { scopes: ['management'] })).body.key);
-  });
-
-  after(async () => {
-    for (const p of procs) await p.stop('SIGKILL');
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-    await db.drop();
   });
 
   async function newKey(body: Record<string, unknown>): Promise<{ id: string; key: string }> {

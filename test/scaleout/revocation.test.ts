@@ -5,33 +5,21 @@
  * so is a project's billing status or credit changed through the operator API.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
+import { before, describe, it } from 'node:test';
 import { startSimWorker } from '../../src/workers/sim/index.js';
-import {
-  freshDatabase,
-  seedProject,
-  sharedServices,
-  startTestServer,
-  type TestDatabase,
-  type TestServer,
-} from '../support/harness.js';
+import { cluster } from '../support/cluster.js';
+import { seedProject, sharedServices, type TestServer } from '../support/harness.js';
 
-const { skip, redisUrl } = sharedServices({ redis: true });
+const { skip } = sharedServices({ redis: true });
 
 describe('revocation across instances', { skip }, () => {
-  let db: TestDatabase;
+  const routers = cluster({ redis: true });
   let a: TestServer;
   let b: TestServer;
   before(async () => {
-    db = await freshDatabase('postgres');
-    const env = { REDIS_URL: redisUrl!, SWITCHYARD_KEY_CACHE_TTL_MS: '600000' };
-    a = await startTestServer({ shared: { url: db.url! }, env });
-    b = await startTestServer({ shared: { url: db.url! }, env });
-  });
-  after(async () => {
-    await a.close();
-    await b.close();
-    await db.drop();
+    const env = { SWITCHYARD_KEY_CACHE_TTL_MS: '600000' };
+    a = await routers.inProcess({ env });
+    b = await routers.inProcess({ env });
   });
 
   async function refusedWithin(

@@ -38,25 +38,18 @@
  * TEST_DATABASE_URL (required in CI). Linux (/proc).
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { eq, sql } from 'drizzle-orm';
 import { emitEvent, type EmittedEvent } from '../../src/events/outbox.js';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import {
-  ADMIN_TOKEN,
-  freshDatabase,
-  http,
-  sharedServices,
-  type TestDatabase,
-} from '../support/harness.js';
+import { cluster, listening } from '../support/cluster.js';
+import { ADMIN_TOKEN, http, sharedServices } from '../support/harness.js';
 import { testCertificate } from '../support/https-receiver.js';
-import { spawnSwitchyard, type Spawned } from '../support/process.js';
+import type { Spawned } from '../support/process.js';
 import { mulberry32 } from '../../src/runtime/prng.js';
 
 const { skip } = sharedServices();
@@ -268,20 +261,28 @@ interface Slot {
 }
 
 describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170_000 }, () => {
-  let db: TestDatabase;
-  const receivers: ChaosReceiver[] = [];
-  const slots: Slot[] = Array.from({ length: DISPATCHERS }, () => ({
-    proc: null,
-    restarting: false,
-  }));
-  const dataDirs: string[] = [];
-  /** Every process started, for the log lines they printed. */
-  const spawned: Spawned[] = [];
   const timers = new Set<NodeJS.Timeout>();
   /** Random kills, and the 2% of targeted ones, run while this is set. */
   let chaos = false;
   /** Targeted kills and pauses on late attempts run while this is set (until the queue is empty). */
   let targeting = false;
+  // Declared ahead of the cluster, whose after hook kills the dispatchers: no
+  // restart may be scheduled or fire once it has.
+  after(() => {
+    for (const t of timers) clearTimeout(t);
+    chaos = false;
+    targeting = false;
+  });
+  /** Its `spawned` has every process started, for the log lines they printed. */
+  const routers = cluster();
+  const receivers: ChaosReceiver[] = [];
+  after(async () => {
+    await Promise.all(receivers.map((r) => r.close()));
+  });
+  const slots: Slot[] = Array.from({ length: DISPATCHERS }, () => ({
+    proc: null,
+    restarting: false,
+  }));
   let env: Record<string, string> = {};
   const counters = {
     randomKills: 0,
@@ -306,11 +307,8 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
   const livePids = (): number[] => live().flatMap((p) => (p.child.pid ? [p.child.pid] : []));
 
   function start(slot: Slot): Spawned {
-    const dataDir = mkdtempSync(join(tmpdir(), 'swy-crash-'));
-    dataDirs.push(dataDir);
-    const p = spawnSwitchyard(['serve'], { ...env, SWITCHYARD_DATA_DIR: dataDir });
+    const p = routers.spawnServe({ env });
     slot.proc = p;
-    spawned.push(p);
     counters.starts++;
     p.child.on('exit', (code, signal) => {
       if (signal !== 'SIGKILL') unexpectedExits.push(`exit ${code} ${signal}: ${p.stderr()}`);
@@ -338,21 +336,10 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
     });
   }
 
-  // A crash of the test itself must not leave dispatchers running.
-  const killAll = () => {
-    for (const s of slots) if (s.proc?.child.exitCode === null) s.proc.child.kill('SIGKILL');
-  };
-  process.on('exit', killAll);
-
   before(async () => {
-    db = await freshDatabase('postgres');
+    // Over the cluster's defaults (its database, admin token, no demo, port 0, warn).
     env = {
-      DATABASE_URL: db.url!,
-      PORT: '0',
       HOST: '127.0.0.1',
-      SWITCHYARD_DEMO: '0',
-      LOG_LEVEL: 'warn',
-      SWITCHYARD_ADMIN_TOKEN: ADMIN_TOKEN,
       SWITCHYARD_WEBHOOK_ALLOW_CIDRS: '127.0.0.0/8',
       // The receivers' certificate is trusted through Node's extra-CA setting
       // rather than SWITCHYARD_WEBHOOK_CA_FILE: with the latter every new TLS
@@ -362,17 +349,6 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
       NODE_EXTRA_CA_CERTS: testCertificate().certFile,
       ...SCHEDULE,
     };
-  });
-
-  after(async () => {
-    process.off('exit', killAll);
-    for (const t of timers) clearTimeout(t);
-    chaos = false;
-    targeting = false;
-    await Promise.all(live().map((p) => p.stop('SIGKILL')));
-    await Promise.all(receivers.map((r) => r.close()));
-    await db?.drop();
-    for (const d of dataDirs) rmSync(d, { recursive: true, force: true });
   });
 
   it('every delivery ends delivered or failed after exactly 6 attempts, records matching what receivers saw', async (t) => {
@@ -461,7 +437,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
       const D = tables.webhookDeliveries;
       const read = async () =>
         (
-          await db.store.db
+          await routers.db.store.db
             .select({
               token: D.leaseToken,
               status: D.status,
@@ -477,7 +453,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
       // with the client stopped: hence the short wait first).
       const heldByPaused = async () => {
         await new Promise((r) => setTimeout(r, 50));
-        const free = await db.store.db.transaction((tx) =>
+        const free = await routers.db.store.db.transaction((tx) =>
           tx
             .select({ id: D.id })
             .from(D)
@@ -513,7 +489,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
         }
       }
       if (process.env.SWITCHYARD_CRASH_PROGRESS) {
-        const [ahead] = await db.store.db
+        const [ahead] = await routers.db.store.db
           .select({ n: sql<number>`count(*)::int` })
           .from(D)
           .where(
@@ -534,7 +510,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
 
     // One router: the operator API, a management key, the webhook API.
     const first = start(slots[0]!);
-    const base = (await first.waitFor(/listening on (http:\/\/\S+)/))[1]!;
+    const base = await listening(first);
     const admin = (method: string, path: string, body?: unknown) =>
       http(method, `${base}/admin/v1${path}`, { auth: `Bearer ${ADMIN_TOKEN}`, body });
     const p = await admin('POST', '/projects', { slug: 'crash', name: 'Crash test' });
@@ -553,7 +529,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
       assert.equal(r.status, 201, r.text);
       secrets.set(String(r.body.id), String(r.body.secret));
     }
-    const [project] = await db.store.db
+    const [project] = await routers.db.store.db
       .select({ id: tables.projects.id })
       .from(tables.projects)
       .where(eq(tables.projects.slug, 'crash'));
@@ -569,13 +545,13 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
     let watching = true;
     const watcher = (async () => {
       while (watching) {
-        const [m] = await db.store.db
+        const [m] = await routers.db.store.db
           .select({ max: sql<number>`coalesce(max(attempt_count), 0)::int` })
           .from(tables.webhookDeliveries);
         maxSeenAttempts = Math.max(maxSeenAttempts, m?.max ?? 0);
         if (process.env.SWITCHYARD_CRASH_PROGRESS) {
           // Opt-in progress line for tuning or investigating a failure.
-          const st = await db.store.db
+          const st = await routers.db.store.db
             .select({ s: tables.webhookDeliveries.status, n: sql<number>`count(*)::int` })
             .from(tables.webhookDeliveries)
             .groupBy(tables.webhookDeliveries.status);
@@ -607,7 +583,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
     // Emit while dispatchers are dying: the outbox rows and the claims race.
     const emitted: string[] = [];
     for (let i = 0; i < EVENTS; i += EVENTS_PER_TX) {
-      await db.store.db.transaction(async (tx) => {
+      await routers.db.store.db.transaction(async (tx) => {
         for (let j = i; j < Math.min(EVENTS, i + EVENTS_PER_TX); j++) {
           const now = new Date();
           const ts = now.toISOString();
@@ -665,7 +641,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
     const settleUntil = Date.now() + SETTLE_MS;
     let pending = -1;
     for (;;) {
-      const [row] = await db.store.db
+      const [row] = await routers.db.store.db
         .select({ n: sql<number>`count(*)::int` })
         .from(tables.webhookDeliveries)
         .where(eq(tables.webhookDeliveries.status, 'pending'));
@@ -690,7 +666,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
     // ---- The records ------------------------------------------------------
     const D = tables.webhookDeliveries;
     const A = tables.webhookAttempts;
-    const deliveries = await db.store.db
+    const deliveries = await routers.db.store.db
       .select({
         id: D.id,
         status: D.status,
@@ -701,7 +677,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
         leaseUntil: D.leaseUntil,
       })
       .from(D);
-    const attempts = await db.store.db
+    const attempts = await routers.db.store.db
       .select({ deliveryId: A.deliveryId, attemptNo: A.attemptNo, outcome: A.outcome })
       .from(A);
     assert.equal(deliveries.length, EVENTS);
@@ -802,7 +778,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
         `delivery ${deliveryId}: attempt ${attempt}, taken over while its dispatcher was paused`,
       );
     }
-    const [maxRow] = await db.store.db
+    const [maxRow] = await routers.db.store.db
       .select({ max: sql<number>`coalesce(max(attempt_no), 0)::int` })
       .from(A);
     assert.ok((maxRow?.max ?? 0) <= MAX_ATTEMPTS, `an attempt row numbered ${maxRow?.max}`);
@@ -810,7 +786,7 @@ describe('webhook delivery survives SIGKILLed dispatchers', { skip, timeout: 170
 
     const requests = receivers.reduce((n, r) => n + r.seen.length, 0);
     // A lower bound: the service logs through a 4 KiB buffer, lost with a SIGKILL.
-    const stale = spawned.reduce(
+    const stale = routers.spawned.reduce(
       (n, p) => n + (p.stdout().match(/after its lease was taken over/g)?.length ?? 0),
       0,
     );
