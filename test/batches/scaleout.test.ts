@@ -10,7 +10,7 @@ import OpenAI, { toFile } from 'openai';
 import { BatchRunner } from '../../src/batches/runner.js';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
 import { cluster } from '../support/cluster.js';
-import { sharedServices, type TestServer } from '../support/harness.js';
+import { seedProject, sharedServices, type TestServer } from '../support/harness.js';
 import { chatLine } from './support.js';
 
 const { skip } = sharedServices();
@@ -26,18 +26,14 @@ describe('files and batches across instances', { skip }, () => {
     a = await routers.inProcess();
     b = await routers.inProcess();
     worker = await startSimWorker({ model: 'sim-model', contextWindow: 4096 });
-    await a.admin('POST', '/models', { name: 'sim-model', context_window: 4096 });
-    await a.admin('POST', '/workers', { model: 'sim-model', tier: 'cpu', url: worker.url });
-    const p = await a.admin('POST', '/projects', { slug: 'multi', name: 'Multi' });
-    await a.admin('POST', '/projects/multi/endpoints', {
-      slug: 'chat',
-      name: 'Chat',
+    const seeded = await seedProject(a, {
+      slug: 'multi',
       model: 'sim-model',
-      tier: 'cpu',
+      worker: { url: worker.url },
+      endpointSlug: 'chat',
     });
-    const k = await a.admin('POST', '/projects/multi/keys', { scopes: ['inference'] });
-    const path = `/${String(p.body.id)}/chat/v1`;
-    const apiKey = String(k.body.key);
+    const path = `/${seeded.projectId}/chat/v1`;
+    const apiKey = seeded.key;
     ca = new OpenAI({ baseURL: a.url + path, apiKey, maxRetries: 0 });
     cb = new OpenAI({ baseURL: b.url + path, apiKey, maxRetries: 0 });
   });

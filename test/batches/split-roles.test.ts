@@ -12,8 +12,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import OpenAI, { toFile } from 'openai';
 import { startSimWorker, type SimWorker } from '../../src/workers/sim/index.js';
-import { cluster, operator } from '../support/cluster.js';
-import { sharedServices } from '../support/harness.js';
+import { cluster, type RouterProcess } from '../support/cluster.js';
+import { seedProject, sharedServices } from '../support/harness.js';
 import { chatLine } from './support.js';
 
 const { skip } = sharedServices();
@@ -24,36 +24,23 @@ describe(
   () => {
     const routers = cluster({ store: false });
     let worker: SimWorker;
-    let base = '';
-    const admin = async (path: string, body: unknown) => {
-      const r = await operator(base)('POST', path, body);
-      assert.ok(r.status === 200 || r.status === 201, r.text);
-      return r.body;
-    };
+    let api: RouterProcess;
 
     before(async () => {
       worker = await startSimWorker({ model: 'sim-model', contextWindow: 4096 });
-      base = (await routers.serve({ args: ['--roles', 'api'] })).url;
+      api = await routers.serve({ args: ['--roles', 'api'] });
       await routers.serve({ args: ['--roles', 'dispatcher'] });
     });
     after(() => worker?.close());
 
     it('every line runs and succeeds', async () => {
-      await admin('/models', { name: 'sim-model', context_window: 4096 });
-      await admin('/workers', { model: 'sim-model', tier: 'cpu', url: worker.url });
-      const project = await admin('/projects', { slug: 'split', name: 'Split' });
-      await admin('/projects/split/endpoints', {
-        slug: 'chat',
-        name: 'Chat',
+      const seeded = await seedProject(api, {
+        slug: 'split',
         model: 'sim-model',
-        tier: 'cpu',
+        worker: { url: worker.url },
+        endpointSlug: 'chat',
       });
-      const key = await admin('/projects/split/keys', { scopes: ['inference'] });
-      const client = new OpenAI({
-        baseURL: `${base}/${String(project.id)}/chat/v1`,
-        apiKey: String(key.key),
-        maxRetries: 0,
-      });
+      const client = new OpenAI({ baseURL: seeded.baseURL, apiKey: seeded.key, maxRetries: 0 });
       const file = await client.files.create({
         file: await toFile(Buffer.from(`${chatLine('a')}\n${chatLine('b')}\n`), 'in.jsonl'),
         purpose: 'batch',

@@ -13,17 +13,13 @@ import { like } from 'drizzle-orm';
 import OpenAI from 'openai';
 import { tables } from '../../src/store/index.js';
 import { cluster } from '../support/cluster.js';
-import { ADMIN_TOKEN, http, sharedServices } from '../support/harness.js';
+import { seedProject, sharedServices } from '../support/harness.js';
 
 const { skip } = sharedServices();
 
 describe('a router killed while a part streams in', { skip, timeout: 90_000 }, () => {
   const routers = cluster();
 
-  const serve = async () => {
-    const r = await routers.serve();
-    return { p: r.proc, base: r.url };
-  };
   const partChunks = async () =>
     (
       await routers.db.store.db
@@ -33,28 +29,17 @@ describe('a router killed while a part streams in', { skip, timeout: 90_000 }, (
     ).length;
 
   it('the upload completes without the dead part, and its bytes are dropped', async () => {
-    const first = await serve();
-    const admin = async (path: string, body: unknown) => {
-      const r = await http('POST', `${first.base}/admin/v1${path}`, {
-        auth: `Bearer ${ADMIN_TOKEN}`,
-        body,
-      });
-      assert.ok(r.status === 200 || r.status === 201, r.text);
-      return r.body;
-    };
-    await admin('/models', { name: 'sim-model', context_window: 4096 });
-    const project = await admin('/projects', { slug: 'up', name: 'Up' });
-    await admin('/projects/up/endpoints', {
-      slug: 'chat',
-      name: 'Chat',
+    const first = await routers.serve();
+    const seeded = await seedProject(first, {
+      slug: 'up',
       model: 'sim-model',
-      tier: 'cpu',
+      endpointSlug: 'chat',
     });
-    const key = String((await admin('/projects/up/keys', { scopes: ['inference'] })).key);
-    const path = `/${String(project.id)}/chat/v1`;
+    const key = seeded.key;
+    const path = `/${seeded.projectId}/chat/v1`;
     const client = (base: string) =>
       new OpenAI({ baseURL: `${base}${path}`, apiKey: key, maxRetries: 0 });
-    const upload = await client(first.base).uploads.create({
+    const upload = await client(first.url).uploads.create({
       filename: 'k.bin',
       purpose: 'assistants',
       bytes: 3,
@@ -70,7 +55,7 @@ describe('a router killed while a part streams in', { skip, timeout: 90_000 }, (
         c.enqueue(Buffer.alloc(1024 * 1024 + 10, 0x61));
       },
     });
-    const res = fetch(`${first.base}${path}/uploads/${upload.id}/parts`, {
+    const res = fetch(`${first.url}${path}/uploads/${upload.id}/parts`, {
       method: 'POST',
       headers: {
         authorization: `Bearer ${key}`,
@@ -81,11 +66,11 @@ describe('a router killed while a part streams in', { skip, timeout: 90_000 }, (
     } as RequestInit).catch(() => null);
     for (let i = 0; i < 1000 && (await partChunks()) === 0; i++) await sleep(10);
     assert.ok((await partChunks()) > 0, 'the part’s first chunk was stored');
-    assert.equal(await first.p.stop('SIGKILL'), null);
+    assert.equal(await first.proc.stop('SIGKILL'), null);
     await res;
 
-    const second = await serve();
-    const c = client(second.base);
+    const second = await routers.serve();
+    const c = client(second.url);
     // The dead part holds no bytes the upload could count or assemble.
     const good = await c.uploads.parts.create(upload.id, {
       data: new File([Buffer.from('abc')], 'part'),

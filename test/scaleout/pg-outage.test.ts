@@ -31,7 +31,7 @@ import { after, before, describe, it } from 'node:test';
 import { eq, inArray } from 'drizzle-orm';
 import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
-import { ADMIN_TOKEN, http as rawHttp, sharedServices, type Res } from '../support/harness.js';
+import { http as rawHttp, seedProject, sharedServices, type Res } from '../support/harness.js';
 
 /** The harness's client, naming the call that failed (a reset says which request died). */
 const http: typeof rawHttp = async (method, url, opts) => {
@@ -42,7 +42,7 @@ const http: typeof rawHttp = async (method, url, opts) => {
   }
 };
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
-import { cluster, listening } from '../support/cluster.js';
+import { cluster } from '../support/cluster.js';
 import type { Spawned } from '../support/process.js';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.js';
 
@@ -103,8 +103,6 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
   let secret = '';
   let hold = false;
 
-  const op = (path: string, body: unknown) =>
-    http('POST', `${base}/admin/v1${path}`, { auth: `Bearer ${ADMIN_TOKEN}`, body });
   /** Request ids of every completion answered 200 (each one token, 10% of the budget). */
   const answered: string[] = [];
   const chat = async (key: string) => {
@@ -148,9 +146,8 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     receiver.behaviour = () =>
       hold ? new Promise<Behaviour>((resolve) => held.push(resolve)) : 'ok';
     const worker = await routers.simWorker(MODEL);
-    const workerUrl = worker.url;
     // The database through the proxy, with the shortened bounds on waiting for it.
-    router = routers.spawnServe({
+    const served = await routers.serve({
       env: {
         DATABASE_URL: `${proxy.rewrite(routers.url)}?query_timeout=${QUERY_TIMEOUT_MS}&connectionTimeoutMillis=${CONNECT_TIMEOUT_MS}`,
         SWITCHYARD_DB_POOL_SIZE: '4',
@@ -159,35 +156,21 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
         ...SCHEDULE,
       },
     });
-    base = await listening(router);
+    router = served.proc;
+    base = served.url;
 
-    assert.equal(
-      (
-        await op('/models', {
-          name: MODEL,
-          context_window: 4096,
-          completion_price_cents_per_mtok: PRICE,
-        })
-      ).status,
-      201,
-    );
-    assert.equal((await op('/workers', { model: MODEL, tier: 'cpu', url: workerUrl })).status, 201);
-    const proj = await op('/projects', {
+    const seeded = await seedProject(served, {
       slug: 'outage',
-      name: 'Outage',
-      credit_cents: 1_000_000_000,
-    });
-    assert.equal(proj.status, 201, proj.text);
-    projectId = String(proj.body.id);
-    projectUuid = String(proj.body.uuid);
-    const e = await op('/projects/outage/endpoints', {
-      slug: 'chat',
-      name: 'Chat',
       model: MODEL,
-      tier: 'cpu',
+      modelBody: { completion_price_cents_per_mtok: PRICE },
+      worker: { url: worker.url },
+      projectBody: { credit_cents: 1_000_000_000 },
+      endpointSlug: 'chat',
+      scopes: ['management'],
     });
-    assert.equal(e.status, 201, e.text);
-    mgmtKey = String((await op('/projects/outage/keys', { scopes: ['management'] })).body.key);
+    projectId = seeded.projectId;
+    projectUuid = seeded.projectUuid;
+    mgmtKey = seeded.key;
     const hook = await http('POST', `${base}/${projectId}/v1/webhooks`, {
       auth: `Bearer ${mgmtKey}`,
       body: { url: receiver.url, events: ['budget.threshold_reached'] },

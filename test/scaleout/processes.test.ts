@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
 import { cluster } from '../support/cluster.js';
-import { http, sharedServices } from '../support/harness.js';
+import { http, seedProject, sharedServices } from '../support/harness.js';
 
 const { skip } = sharedServices({ redis: true });
 
@@ -23,26 +23,16 @@ describe('two router processes', { skip }, () => {
     const first = await routers.serve();
     a = first.url;
     b = (await routers.serve()).url;
-    const op = (path: string, body: unknown) => first.admin('POST', path, body);
-    assert.equal((await op('/models', { name: 'scale-model', context_window: 4096 })).status, 201);
-    assert.equal(
-      (await op('/workers', { model: 'scale-model', tier: 'free', url: worker.url })).status,
-      201,
-    );
-    const proj = await op('/projects', { slug: 'scale', name: 'Scale' });
-    projectId = String(proj.body.id);
-    assert.equal(
-      (
-        await op('/projects/scale/endpoints', {
-          slug: 'chat',
-          name: 'Chat',
-          model: 'scale-model',
-          tier: 'free',
-        })
-      ).status,
-      201,
-    );
-    mgmtKey = String((await op('/projects/scale/keys', { scopes: ['management'] })).body.key);
+    const seeded = await seedProject(first, {
+      slug: 'scale',
+      model: 'scale-model',
+      tier: 'free',
+      worker: { url: worker.url },
+      endpointSlug: 'chat',
+      scopes: ['management'],
+    });
+    projectId = seeded.projectId;
+    mgmtKey = seeded.key;
   });
 
   async function newKey(body: Record<string, unknown>): Promise<{ id: string; key: string }> {

@@ -44,31 +44,21 @@ describe('revocation across instances', { skip }, () => {
         const res = await r;
         assert.ok(res.status < 300, res.text);
       };
-      await must(
-        a.admin('POST', '/models', {
-          name: 'bill-model',
-          context_window: 4096,
+      const seeded = await seedProject(a, {
+        slug: 'bill',
+        model: 'bill-model',
+        modelBody: {
           prompt_price_cents_per_mtok: 100_000,
           completion_price_cents_per_mtok: 100_000,
-        }),
-      );
-      await must(a.admin('POST', '/workers', { model: 'bill-model', tier: 'gpu', url: w.url }));
-      const proj = await a.admin('POST', '/projects', {
-        slug: 'bill',
-        name: 'Bill',
-        credit_cents: 1000,
+        },
+        tier: 'gpu',
+        worker: { url: w.url },
+        projectBody: { credit_cents: 1000 },
+        endpointSlug: 'chat',
       });
-      await must(
-        a.admin('POST', '/projects/bill/endpoints', {
-          slug: 'chat',
-          name: 'Chat',
-          model: 'bill-model',
-          tier: 'gpu',
-        }),
-      );
-      const key = String((await a.admin('POST', '/projects/bill/keys', {})).body.key);
+      const key = seeded.key;
       const chat = async () => {
-        const r = await b.call('POST', `/${String(proj.body.id)}/chat/v1/chat/completions`, {
+        const r = await b.call('POST', `/${seeded.projectId}/chat/v1/chat/completions`, {
           key,
           body: { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
         });

@@ -215,9 +215,15 @@ export async function startTestServer(
   };
 }
 
-/** Creates a model, a project, an endpoint and a key through the operator API. */
+/** What seedProject needs of a router: its base URL and its operator API. */
+export type OperatorTarget = Pick<TestServer, 'url' | 'admin'>;
+
+/**
+ * Creates a model, a project, an endpoint and a key through the operator API of a
+ * router: an in-process one, or a `switchyard serve` process (cluster.ts).
+ */
 export async function seedProject(
-  s: TestServer,
+  s: OperatorTarget,
   opts: {
     slug?: string;
     scopes?: string[];
@@ -228,12 +234,17 @@ export async function seedProject(
     /** The model's declared capabilities (none when absent). */
     capabilities?: string[];
     /** A worker of the model on the endpoint's tier, registered by URL (a test's own). */
-    worker?: { url: string; id: string };
+    worker?: { url: string; id?: string };
     endpointSlug?: string;
+    /** More fields of the model (prices). */
+    modelBody?: Record<string, unknown>;
+    /** More fields of the project (credit_cents). */
+    projectBody?: Record<string, unknown>;
   } = {},
 ): Promise<{
   projectId: string;
   projectSlug: string;
+  projectUuid: string;
   endpointId: string;
   key: string;
   /** The endpoint's `/v1` base URL, as an OpenAI client takes it. */
@@ -247,13 +258,18 @@ export async function seedProject(
     name: model,
     context_window: 4096,
     ...(opts.capabilities ? { capabilities: opts.capabilities } : {}),
+    ...opts.modelBody,
   });
   if (m.status !== 201 && m.status !== 409) throw new Error(`model: ${m.text}`);
   if (opts.worker) {
     const w = await s.admin('POST', '/workers', { model, tier, ...opts.worker });
     if (w.status !== 201) throw new Error(`worker: ${w.text}`);
   }
-  const p = await s.admin('POST', '/projects', { slug, name: `Project ${slug}` });
+  const p = await s.admin('POST', '/projects', {
+    slug,
+    name: `Project ${slug}`,
+    ...opts.projectBody,
+  });
   if (p.status !== 201) throw new Error(`project: ${p.text}`);
   const e = await s.admin('POST', `/projects/${slug}/endpoints`, {
     slug: endpointSlug,
@@ -270,6 +286,7 @@ export async function seedProject(
   return {
     projectId: String(p.body.id),
     projectSlug: slug,
+    projectUuid: String(p.body.uuid),
     endpointId: String(e.body.id),
     key: String(k.body.key),
     baseURL: `${s.url}/${String(p.body.id)}/${endpointSlug}/v1`,
