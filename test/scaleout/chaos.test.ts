@@ -34,6 +34,7 @@ import { tables } from '../../src/store/index.js';
 import { verifyWebhook } from '../../src/webhooks/signing.js';
 import { cluster, listening, operator } from '../support/cluster.js';
 import { http, sharedServices, type Res } from '../support/harness.js';
+import { pollUntil } from '../support/poll.js';
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
 import type { Spawned } from '../support/process.js';
 import { mulberry32 } from '../../src/runtime/prng.js';
@@ -61,23 +62,6 @@ const ALERTS: Array<{ name: string; failures: number }> = [
 const THRESHOLDS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100];
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function until<T>(
-  what: string | (() => string),
-  check: () => Promise<T | undefined> | T | undefined,
-  ms: number,
-  every = 50,
-): Promise<{ value: T; after: number }> {
-  const t0 = Date.now();
-  for (;;) {
-    const v = await check();
-    if (v !== undefined) return { value: v, after: Date.now() - t0 };
-    if (Date.now() - t0 > ms) {
-      assert.fail(`${typeof what === 'string' ? what : what()}: not within ${ms} ms`);
-    }
-    await sleep(every);
-  }
-}
 
 const code = (r: Res) => (r.body.error as { code?: string; type?: string } | undefined)?.code;
 
@@ -363,7 +347,7 @@ describe(
       const on = (w: string) => streams.filter((s) => s.worker === w);
       assert.equal(on('w1').length + on('w2').length, 6);
       assert.ok(on('w1').length > 0 && on('w2').length > 0, 'streams on both workers');
-      await until(
+      await pollUntil(
         'every stream is producing',
         () => streams.every((s) => s.chunks() >= 3) || undefined,
         15_000,
@@ -390,7 +374,7 @@ describe(
       const U = tables.usageRecords;
       const ids = outcomes.map((o) => o.requestId);
       const rows = (
-        await until(
+        await pollUntil(
           'usage of the six streams',
           async () => {
             const r = await routers.db.store.db.select().from(U).where(inArray(U.requestId, ids));
@@ -551,7 +535,7 @@ describe(
       assert.equal(live().length, 3, 'every instance is back');
 
       // Let the three dispatchers finish the queue.
-      const settled = await until(
+      const settled = await pollUntil(
         'every delivery ends delivered or failed',
         async () => {
           const ds = await routers.db.store.db.select().from(D).where(eq(D.projectId, p.uuid));

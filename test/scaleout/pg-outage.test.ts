@@ -41,6 +41,7 @@ const http: typeof rawHttp = async (method, url, opts) => {
     throw new Error(`${method} ${url}: ${String(err)}`, { cause: err });
   }
 };
+import { pollUntil } from '../support/poll.js';
 import { startReceiver, type Behaviour, type Receiver } from '../support/https-receiver.js';
 import { cluster } from '../support/cluster.js';
 import type { Spawned } from '../support/process.js';
@@ -65,24 +66,6 @@ const QUERY_TIMEOUT_MS = 1500;
 const CONNECT_TIMEOUT_MS = 1000;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Polls `check` until it returns a value (not undefined) or the deadline passes. */
-async function until<T>(
-  what: string | (() => string),
-  check: () => Promise<T | undefined> | T | undefined,
-  ms: number,
-  every = 50,
-): Promise<{ value: T; after: number }> {
-  const t0 = Date.now();
-  for (;;) {
-    const v = await check();
-    if (v !== undefined) return { value: v, after: Date.now() - t0 };
-    if (Date.now() - t0 > ms) {
-      assert.fail(`${typeof what === 'string' ? what : what()}: not within ${ms} ms`);
-    }
-    await sleep(every);
-  }
-}
 
 const code = (r: Res) => (r.body.error as { code?: string } | undefined)?.code;
 
@@ -196,7 +179,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
    */
   async function eventsDelivered(ms: number) {
     const ids = [...answered];
-    await until(
+    await pollUntil(
       'every answered request has its usage record',
       async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
       ms,
@@ -205,7 +188,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     const pct = ids.length * 10;
     const expected = THRESHOLDS.filter((t) => t <= pct).length;
     let last: Array<typeof D.$inferSelect> = [];
-    const settled = await until(
+    const settled = await pollUntil(
       () =>
         `${expected} threshold events delivered (${ids.length} requests written); have ` +
         JSON.stringify(last.map((d) => [d.status, d.attemptCount, d.lastError])),
@@ -251,7 +234,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     hold = true;
     const first = await chat(cachedKey);
     assert.equal(first.status, 200, first.text);
-    await until('the first delivery is in flight', () => held.length > 0 || undefined, 15_000);
+    await pollUntil('the first delivery is in flight', () => held.length > 0 || undefined, 15_000);
     const [inFlight] = await deliveries();
     assert.ok(inFlight);
 
@@ -262,7 +245,7 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     for (const resolve of held.splice(0)) resolve('ok');
 
     assert.equal((await http('GET', `${base}/healthz`)).status, 200);
-    const notReady = await until(
+    const notReady = await pollUntil(
       '/readyz answers 503',
       async () => ((await http('GET', `${base}/readyz`)).status === 503 ? true : undefined),
       5000,
@@ -300,12 +283,12 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     assert.equal(router.child.exitCode, null);
 
     proxy.restore();
-    const ready = await until(
+    const ready = await pollUntil(
       '/readyz answers 200',
       async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
       10_000,
     );
-    const written = await until(
+    const written = await pollUntil(
       'buffered usage written',
       async () => ((await usageOf(during)).length === during.length ? true : undefined),
       10_000,
@@ -375,13 +358,13 @@ describe('a router through a PostgreSQL outage', { skip, timeout: 150_000 }, () 
     assert.equal(router.child.exitCode, null);
 
     proxy.restore();
-    const back = await until(
+    const back = await pollUntil(
       '/readyz answers 200',
       async () => ((await http('GET', `${base}/readyz`)).status === 200 ? true : undefined),
       15_000,
     );
     const ids = results.map((c) => String(c.v.headers['x-request-id']));
-    const written = await until(
+    const written = await pollUntil(
       'usage written',
       async () => ((await usageOf(ids)).length === ids.length ? true : undefined),
       15_000,
