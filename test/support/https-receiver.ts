@@ -3,12 +3,14 @@
  * self-signed certificate (made with openssl; it doubles as the extra CA the
  * router is told to trust), recording every request and answering as told.
  */
+import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { verifyWebhook } from '../../src/webhooks/signing.js';
 
 export interface ReceivedRequest {
   headers: Record<string, string>;
@@ -40,6 +42,19 @@ export interface Receiver {
   /** Decides the answer to each request (default: 200); a promise delays the answer. */
   behaviour: (r: ReceivedRequest) => Behaviour | Promise<Behaviour>;
   close(): Promise<void>;
+}
+
+/** Every request received carries a valid signature of its body with `secret`. */
+export function assertAllSigned(received: readonly ReceivedRequest[], secret: string): void {
+  for (const r of received) {
+    const v = verifyWebhook({
+      secret,
+      timestamp: r.headers['x-webhook-timestamp'],
+      signature: r.headers['x-webhook-signature'],
+      body: r.body,
+    });
+    assert.ok(v.ok, JSON.stringify(v));
+  }
 }
 
 let certs: { key: string; cert: string; certFile: string } | undefined;
