@@ -105,7 +105,8 @@ describe(
         workspace_id: ws,
       });
       assert.equal(r.status, 201, r.text);
-      assert.equal(r.body.status, 'queued');
+      // The answer re-reads the row: the broker process may already have taken it.
+      assert.ok(['queued', 'dispatched', 'running'].includes(String(r.body.status)), r.text);
       const id = String(r.body.id);
       const done = await until(
         async () => {
