@@ -297,10 +297,12 @@ export class Accounts {
    * A check under a failure limit: refused (429) once `limit` wrong answers (errors
    * with code `wrong`) are in the window; right answers never count.
    *
-   * One check at a time per key: "count, verify, count the failure" spans several
-   * awaits, and answers sent at once would all pass the count before any failure
-   * was added (30 concurrent wrong codes got 24 checked). Across router instances
-   * each runs its own queue, so N instances allow at most N - 1 extra tries.
+   * Across router instances the limit holds through the shared limiter: each check
+   * first takes a slot (`Limits.takeTry`, atomic with Redis), keeps it when its answer
+   * is wrong and gives it back otherwise, whatever `verify` throws. Within one
+   * instance checks of one key also run one at a time, so that answers sent at once
+   * wait for the one before them instead of finding its slot taken (a 429 meant
+   * only for answers checked at the same moment on another instance).
    */
   private async limited<T>(
     rule: { key: string; limit: number; windowMs: number; wrong: string; message: string },
@@ -313,14 +315,15 @@ export class Accounts {
     this.queues.set(rule.key, tail);
     await before;
     try {
-      await this.limits.checkFailures(rule.key, rule.limit, rule.windowMs, rule.message);
+      const slot = await this.limits.takeTry(rule.key, rule.limit, rule.windowMs, rule.message);
+      let wrong = false;
       try {
         return await verify();
       } catch (err) {
-        if (err instanceof ServiceError && err.code === rule.wrong) {
-          await this.limits.addFailure(rule.key, rule.windowMs);
-        }
+        wrong = err instanceof ServiceError && err.code === rule.wrong;
         throw err;
+      } finally {
+        if (slot) await (wrong ? this.limits.tryFailed(slot) : this.limits.tryDone(slot));
       }
     } finally {
       done();

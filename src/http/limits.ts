@@ -182,6 +182,14 @@ function quotaRule(keyId: string, requests: number, windowSeconds: number): Rule
   return { kind: 'window', key: `quota:${keyId}`, limit: requests, windowMs: windowSeconds * 1000 };
 }
 
+/** A slot under a failure limit, taken by `Limits.takeTry`. */
+export interface AttemptTry {
+  key: string;
+  windowMs: number;
+  /** The bucket the slot was counted in (what `LimiterBackend.release` takes). */
+  at: number;
+}
+
 /** After a limiter failure, requests fail open or closed at once for this long. */
 const LIMITER_BACKOFF_MS = 1000;
 
@@ -344,26 +352,69 @@ export class Limits {
   }
 
   /**
-   * A limit on failures only (e.g. two-factor codes: 5 wrong ones in 5 minutes):
-   * `checkFailures` refuses (429) once `limit` failures are in the window, without
-   * counting anything; `addFailure` counts one. Successes never count, so a user
-   * who signs in often is not locked out by their own right answers.
+   * A limit on failures only (two-factor codes: 5 wrong ones in 5 minutes; passwords:
+   * 10 in 15): at most `limit` answers are checked and found wrong in any window,
+   * however many router instances check them at once, and right answers never
+   * count, so a user who signs in often is not locked out by their own answers.
+   *
+   * Before its answer is checked, a try takes a slot: one all-or-nothing acquire of
+   * the failures so far (a 'sum') and of the slots (a 'window' holding the tries in
+   * flight and the wrong ones), both under `limit`. Taken atomically (one Lua script
+   * with Redis), so of the tries sent at once to any number of instances only as many
+   * as the window has room for are checked. Then `tryFailed` counts a wrong answer
+   * (the slot stays, as the failure's); `tryDone` gives the slot back for anything
+   * else, a right answer or an error. Refusals: 429 with `Retry-After` until the
+   * failures free one up; when only tries still in flight fill the window (the
+   * failures are under the limit), 429 with `Retry-After: 1`, since those give their
+   * slots back as soon as their answers are known (a few ms) unless they are wrong.
+   *
+   * Null when the limiter cannot answer and limits fail open: the answer is checked
+   * uncounted (with limits failing closed, 503 instead).
    */
-  async checkFailures(
+  async takeTry(
     key: string,
     limit: number,
     windowMs: number,
     message: string,
-  ): Promise<void> {
-    const ds = await this.acquire([{ kind: 'sum', key, limit, windowMs }], 'other');
-    if (ds && !ds[0]!.allowed) throw rateLimited(ds[0]!, {}, message);
+  ): Promise<AttemptTry | null> {
+    const now = this.clock.now();
+    const ds = await this.acquire(
+      [
+        { kind: 'sum', key, limit, windowMs },
+        { kind: 'window', key, limit, windowMs },
+      ],
+      'other',
+    );
+    if (!ds) return null;
+    const [failures, slots] = ds as [Decision, Decision];
+    if (!failures.allowed) throw rateLimited(failures, {}, message);
+    if (!slots.allowed) {
+      throw tooManyRequests(
+        'rate_limit_exceeded',
+        1,
+        'Other answers for this account are being checked; retry in a second.',
+      );
+    }
+    // The bucket the slot went to (Decision.resetMs of an admission ends there + windowMs).
+    return { key, windowMs, at: now + slots.resetMs - windowMs };
   }
 
-  async addFailure(key: string, windowMs: number): Promise<void> {
+  /** The try's answer was wrong: it counts as a failure (its slot stays). */
+  async tryFailed(t: AttemptTry): Promise<void> {
     try {
-      await this.backend.add(key, 1, windowMs, this.clock.now());
+      await this.backend.add(t.key, 1, t.windowMs, this.clock.now());
     } catch (err) {
+      // The slot still counts the failure until it expires.
       this.logger.warn({ err }, 'rate limiter unavailable (a failure went uncounted)');
+    }
+  }
+
+  /** The try's answer was right, or could not be checked: its slot goes back. */
+  async tryDone(t: AttemptTry): Promise<void> {
+    try {
+      await this.backend.release(t.key, t.windowMs, t.at, this.clock.now());
+    } catch (err) {
+      this.logger.warn({ err }, 'rate limiter unavailable (a try was not given back)');
     }
   }
 

@@ -470,6 +470,60 @@ function contractSuite(s: Subject): void {
     });
   });
 
+  describe('release', () => {
+    /** The bucket an admission was counted in, as the decision reports it. */
+    const bucketOf = (d: Decision, t: number, windowMs: number) => t + d.resetMs - windowMs;
+
+    it('gives back the admission it names, which then no longer counts', async () => {
+      const l = s.fresh();
+      const rule: Rule = { kind: 'window', key: 'r', limit: 3, windowMs: MIN };
+      const first = await one(l, rule, T0);
+      const second = await one(l, rule, T0 + 1000);
+      await one(l, rule, T0 + 1000);
+      assert.equal((await one(l, rule, T0 + 2000)).allowed, false);
+      // The second and third share a bucket: one of the two goes back.
+      await l.release('r', MIN, bucketOf(second, T0 + 1000, MIN), T0 + 2000);
+      const again = await one(l, rule, T0 + 2000);
+      assert.deepEqual([again.allowed, again.remaining], [true, 0]);
+      assert.equal((await one(l, rule, T0 + 2000)).allowed, false);
+      // Giving back the first: the oldest left is the one at T0 + 1000.
+      await l.release('r', MIN, bucketOf(first, T0, MIN), T0 + 3000);
+      const denied = await exhaust(l, rule, T0 + 3000);
+      assert.equal(denied.admitted, 1);
+      assert.equal(denied.denial.retryAfterMs, MIN - 2000);
+      await l.close();
+    });
+
+    it('of an expired, unknown or empty bucket changes nothing; the last one empties the key', async () => {
+      const l = s.fresh();
+      const rule: Rule = { kind: 'window', key: 'e', limit: 2, windowMs: MIN };
+      const d = await one(l, rule, T0);
+      await l.release('e', MIN, T0 + 5, T0 + 10); // no admission there
+      await l.release('nobody', MIN, T0, T0 + 10);
+      assert.equal((await one(l, rule, T0 + 10)).remaining, 0);
+      await l.release('e', MIN, bucketOf(d, T0, MIN), T0 + MIN); // expired already
+      await l.release('e', MIN, T0 + 10, T0 + 20);
+      await l.release('e', MIN, T0 + 10, T0 + 20); // a second time: nothing left there
+      const after = await one(l, rule, T0 + MIN);
+      assert.deepEqual([after.allowed, after.remaining, after.resetMs], [true, 1, MIN]);
+      // A sum of the same key is another rule: untouched.
+      await l.add('e', 5, MIN, T0);
+      await l.release('e', MIN, T0, T0 + 1);
+      assert.equal(
+        (await one(l, { kind: 'sum', key: 'e', limit: 9, windowMs: MIN }, T0 + 1)).remaining,
+        4,
+      );
+      await l.close();
+    });
+
+    it('rejects a bucket that is not a whole ms', async () => {
+      const l = s.fresh();
+      await assert.rejects(async () => l.release('x', MIN, 1.5, T0), RangeError);
+      await assert.rejects(async () => l.release('', MIN, T0, T0), RangeError);
+      await l.close();
+    });
+  });
+
   describe('validation', () => {
     const BAD: ReadonlyArray<[string, Rule[]]> = [
       ['limit 0', [{ kind: 'window', key: 'k', limit: 0, windowMs: MIN }]],
@@ -662,6 +716,12 @@ describe('RedisLimiter contract', { skip: REDIS_URL ? false : 'TEST_REDIS_URL no
           dt: fc.integer({ min: 0, max: 4000 }),
           amount: fc.integer({ min: 0, max: 400 }),
         }),
+        // Gives back one of the window rule's admissions (the back-th newest).
+        fc.record({
+          type: fc.constant('release' as const),
+          dt: fc.integer({ min: 0, max: 4000 }),
+          back: fc.integer({ min: 0, max: 6 }),
+        }),
       );
       await fc.assert(
         fc.asyncProperty(
@@ -679,13 +739,21 @@ describe('RedisLimiter contract', { skip: REDIS_URL ? false : 'TEST_REDIS_URL no
             const mem = new MemoryLimiter();
             const red = new RedisLimiter(redis, nextPrefix());
             let t = T0 + 11;
+            const admitted: number[] = [];
             for (const o of ops) {
               t += o.dt;
               if (o.type === 'add') {
                 mem.add('d', o.amount, windowMs, t);
                 await red.add('d', o.amount, windowMs, t);
+              } else if (o.type === 'release') {
+                const at = admitted[admitted.length - 1 - o.back];
+                if (at === undefined) continue;
+                mem.release('d', windowMs, at, t);
+                await red.release('d', windowMs, at, t);
               } else {
-                assert.deepEqual(await red.acquire(rules, t), mem.acquire(rules, t));
+                const ds = await red.acquire(rules, t);
+                assert.deepEqual(ds, mem.acquire(rules, t));
+                if (ds.every((d) => d.allowed)) admitted.push(t + ds[1]!.resetMs - windowMs);
               }
             }
           },

@@ -91,6 +91,23 @@ export class SlidingLog {
     this.total += n;
   }
 
+  /** Takes one unit out of bucket q, if the log holds it; true when it did. */
+  remove(q: number): boolean {
+    for (let i = this.qs.length - 1; i >= this.head; i--) {
+      const at = this.qs[i]!;
+      if (at < q) return false;
+      if (at !== q) continue;
+      if (this.ns[i]! > 1) this.ns[i]! -= 1;
+      else {
+        this.qs.splice(i, 1);
+        this.ns.splice(i, 1);
+      }
+      this.total -= 1;
+      return true;
+    }
+    return false;
+  }
+
   /** When the log would hold less than `limit` (absent other traffic): the end of the bucket whose expiry gets it there, plus the window. */
   retryAt(limit: number, windowMs: number): number {
     let left = this.total;

@@ -21,7 +21,7 @@ import {
 } from './gcra.js';
 import { SlidingLog, bucketAt, sumGrainMs, windowDecision, windowGrainMs } from './log.js';
 import { GenerationalMap } from './keymap.js';
-import { toAmount, toMs, validateRules, validateSumArgs } from './rules.js';
+import { toAmount, toBucket, toMs, validateRules, validateSumArgs } from './rules.js';
 import type { Decision, LimiterBackend, Rule } from './types.js';
 
 export interface MemoryLimiterOptions {
@@ -129,6 +129,16 @@ export class MemoryLimiter implements LimiterBackend {
       log.prune(now, windowMs);
     }
     log.record(bucketAt(now, sumGrainMs(windowMs), log.last), a);
+  }
+
+  release(key: string, windowMs: number, atMs: number, nowMs: number): void {
+    validateSumArgs(key, windowMs);
+    const q = toBucket(atMs);
+    const now = toMs(nowMs);
+    const log = this.windows.get(key);
+    if (log === undefined) return;
+    log.prune(now, windowMs);
+    log.remove(q);
   }
 
   async close(): Promise<void> {

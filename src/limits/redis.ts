@@ -9,12 +9,13 @@
  * to fail open or closed is the caller's policy, per limit type.
  */
 import type { Redis } from 'ioredis';
-import { ACQUIRE_LUA, ADD_LUA } from './script.js';
-import { toAmount, toMs, validateRules, validateSumArgs } from './rules.js';
+import { ACQUIRE_LUA, ADD_LUA, RELEASE_LUA } from './script.js';
+import { toAmount, toBucket, toMs, validateRules, validateSumArgs } from './rules.js';
 import type { Decision, LimiterBackend, Rule, RuleKind } from './types.js';
 
 const ACQUIRE = 'swyRateLimitAcquire';
 const ADD = 'swyRateLimitAdd';
+const RELEASE = 'swyRateLimitRelease';
 
 type ScriptCall = (this: Redis, numKeys: number, ...args: (string | number)[]) => Promise<unknown>;
 
@@ -30,6 +31,7 @@ function command(redis: Redis, name: string): ScriptCall {
   if (!defined.has(redis)) {
     redis.defineCommand(ACQUIRE, { lua: ACQUIRE_LUA });
     redis.defineCommand(ADD, { lua: ADD_LUA });
+    redis.defineCommand(RELEASE, { lua: RELEASE_LUA });
     defined.add(redis);
   }
   const fn: unknown = Reflect.get(redis, name);
@@ -63,6 +65,7 @@ function parseReply(reply: unknown, n: number): Decision[] {
 export class RedisLimiter implements LimiterBackend {
   private readonly acquireCmd: ScriptCall;
   private readonly addCmd: ScriptCall;
+  private readonly releaseCmd: ScriptCall;
 
   constructor(
     private readonly redis: Redis,
@@ -70,6 +73,7 @@ export class RedisLimiter implements LimiterBackend {
   ) {
     this.acquireCmd = command(redis, ACQUIRE);
     this.addCmd = command(redis, ADD);
+    this.releaseCmd = command(redis, RELEASE);
   }
 
   async acquire(rules: readonly Rule[], nowMs: number): Promise<Decision[]> {
@@ -102,6 +106,21 @@ export class RedisLimiter implements LimiterBackend {
       `${this.prefix}st:${key}`,
       now,
       a,
+      windowMs,
+    );
+  }
+
+  async release(key: string, windowMs: number, atMs: number, nowMs: number): Promise<void> {
+    validateSumArgs(key, windowMs);
+    const q = toBucket(atMs);
+    const now = toMs(nowMs);
+    await this.releaseCmd.call(
+      this.redis,
+      2,
+      `${this.prefix}w:${key}`,
+      `${this.prefix}wt:${key}`,
+      now,
+      q,
       windowMs,
     );
   }

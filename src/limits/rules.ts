@@ -76,6 +76,12 @@ export function toAmount(amount: number): number {
   return a;
 }
 
+/** A release's bucket: a whole ms, as every bucket is. */
+export function toBucket(atMs: number): number {
+  if (!Number.isSafeInteger(atMs)) throw new RangeError('atMs must be a whole number of ms');
+  return atMs;
+}
+
 export function validateSumArgs(key: string, windowMs: number): void {
   if (typeof key !== 'string' || key.length === 0)
     throw new RangeError('sum key must be non-empty');

@@ -184,3 +184,38 @@ local total, lastq, lastn = prune(KEYS[1], KEYS[2], w)
 record(KEYS[1], KEYS[2], total, lastq, lastn, bucket(math.ceil(w / MAX), lastq), amount, w)
 return 1
 `;
+
+/**
+ * KEYS: list, total (a 'window' rule's). ARGV: now, q, windowMs. Takes one unit
+ * out of the entry of bucket q (the entry goes when it held one); the total and
+ * both keys' expiry follow the list's newest entry. Returns 1 when it took one.
+ */
+export const RELEASE_LUA = `${COMMON}
+local q, w = tonumber(ARGV[2]), tonumber(ARGV[3])
+local total, lastq, lastn, stale = prune(KEYS[1], KEYS[2], w)
+if not lastq then return 0 end
+local es = redis.call('LRANGE', KEYS[1], 0, -1)
+for j = #es, 1, -1 do
+  local eq, n = pair(es[j])
+  if eq < q then break end
+  if eq == q then
+    if n > 1 then
+      redis.call('LSET', KEYS[1], j - 1, fmt(q) .. ':' .. fmt(n - 1))
+    else
+      redis.call('LREM', KEYS[1], 1, es[j])
+    end
+    local e = redis.call('LINDEX', KEYS[1], -1)
+    if not e then
+      redis.call('DEL', KEYS[2])
+      return 1
+    end
+    local nq = pair(e)
+    local ttl = nq + w - now
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('SET', KEYS[2], fmt(total - 1), 'PX', ttl)
+    return 1
+  end
+end
+settle(KEYS[2], total, lastq, stale, w)
+return 0
+`;

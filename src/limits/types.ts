@@ -58,6 +58,14 @@ export interface LimiterBackend {
   acquire(rules: readonly Rule[], nowMs: number): Promise<Decision[]> | Decision[];
   /** Adds `amount` (whole units; fractions round up) to a 'sum' rule's key at nowMs. */
   add(key: string, amount: number, windowMs: number, nowMs: number): Promise<void> | void;
+  /**
+   * Gives back one admission of the 'window' rule `key`: the one counted in bucket
+   * `atMs`, which is `nowMs + resetMs - windowMs` of the decision that admitted it
+   * (both backends report exactly that). Nothing happens when that bucket has
+   * expired or holds nothing. Atomic like `acquire`: with Redis, instances giving
+   * back and acquiring at once never see a half-done release.
+   */
+  release(key: string, windowMs: number, atMs: number, nowMs: number): Promise<void> | void;
   /** Releases the backend's own resources (never a connection it was handed). */
   close(): Promise<void>;
 }
