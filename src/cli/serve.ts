@@ -139,9 +139,10 @@ export async function serve(argv: string[]): Promise<number> {
     demo = await ensureDemo(services);
     const worker = await startDemoWorker(config, demo.endpoint.modelName, logger);
     closers.push(() => worker.close());
+    const embeddedId = embeddedWorkerId(config);
     const w = await services.workers.upsert(
       {
-        id: embeddedWorkerId(config),
+        id: embeddedId,
         modelId: demo.endpoint.modelId,
         tierId: DEMO_TIER,
         url: worker.url,
@@ -149,6 +150,7 @@ export async function serve(argv: string[]): Promise<number> {
       },
       new Date(services.clock.now()),
     );
+    if (!w) throw new Error(`worker id '${embeddedId}' is taken by a worker that is not embedded`);
     await services.endpoints.activateWaiting(demo.endpoint.modelId, DEMO_TIER, w.id);
     // On a shared database the row is this instance's alone: gone when it stops.
     if (config.databaseUrl) closers.push(async () => void (await services.workers.remove(w.id)));

@@ -7,6 +7,8 @@
  * - `POST /workers/register` `{model, tier, url, capacity?, scheduling_policy?, id?}`: creates the
  *   worker (source `registered`, healthy), or re-registers it in place when a
  *   registered worker of the same id, or of the same (model, tier, url), exists.
+ *   409 `conflict` (param `id`) when a static or embedded worker has the id, also
+ *   when the operator adds it at the same moment: the row written first stays.
  *   Answers the worker record plus `heartbeat_interval_ms`.
  * - `POST /workers/{id}/heartbeat`: records a heartbeat; 404 `worker_not_found`
  *   once the worker was removed (it then registers again).
@@ -60,6 +62,14 @@ function sha256(s: string): Buffer {
   return createHash('sha256').update(s, 'utf8').digest();
 }
 
+/** 409 for a self-registration under the id of a worker the operator (or a router) added. */
+function notRegistered(id: string): ServiceError {
+  return new ServiceError('conflict', {
+    message: `Worker '${id}' exists and was not self-registered.`,
+    param: 'id',
+  });
+}
+
 export function registrationRoutes(s: Services): FastifyPluginAsync {
   const workerDigest = s.config.workerToken ? sha256(s.config.workerToken) : null;
   return async (app: FastifyInstance) => {
@@ -91,17 +101,12 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
       let existing: WorkerRecord | null = null;
       if (body.id) {
         existing = await s.workers.get(body.id);
-        if (existing && existing.source !== 'registered') {
-          throw new ServiceError('conflict', {
-            message: `Worker '${body.id}' exists and was not self-registered.`,
-            param: 'id',
-          });
-        }
+        if (existing && existing.source !== 'registered') throw notRegistered(body.id);
       } else {
         existing = await s.workers.findAt('registered', model.id, body.tier, url);
       }
-      const record = (id: string) =>
-        s.workers.upsert(
+      const record = async (id: string) => {
+        const w = await s.workers.upsert(
           {
             id,
             modelId: model.id,
@@ -113,6 +118,10 @@ export function registrationRoutes(s: Services): FastifyPluginAsync {
           },
           now(),
         );
+        // A static worker of this id was added since the check above (at the same time).
+        if (!w) throw notRegistered(id);
+        return w;
+      };
       const w = await record(existing?.id ?? body.id ?? newWorkerId()).catch(async (err) => {
         // Another row holds this URL (one per worker process: the unique index).
         if (!isUniqueViolation(err, WORKER_URL_KEY)) throw err;

@@ -256,12 +256,9 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       const body = parseBody(createWorkerBody, request.body);
       const model = await workerModel(s, body.model, body.project);
       const id = body.id ?? newWorkerId();
-      if (body.id && (await s.workers.get(body.id))) {
-        throw new ServiceError('conflict', {
-          message: `Worker '${id}' already exists.`,
-          param: 'id',
-        });
-      }
+      const taken = () =>
+        new ServiceError('conflict', { message: `Worker '${id}' already exists.`, param: 'id' });
+      if (body.id && (await s.workers.get(body.id))) throw taken();
       const url = body.url.replace(/\/$/, '');
       const duplicate = (same: string) =>
         new ServiceError('conflict', {
@@ -271,7 +268,7 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
       const same = await s.workers.findAt('static', model.id, body.tier, url);
       if (same) throw duplicate(same.id);
       const w = await s.workers
-        .upsert(
+        .create(
           {
             id,
             modelId: model.id,
@@ -288,6 +285,9 @@ export function operatorRoutes(s: Services): FastifyPluginAsync {
           const other = await s.workers.findAt('static', model.id, body.tier, url);
           throw duplicate(other?.id ?? 'another');
         });
+      // Registered (by a worker itself, or the operator) since the check above: the
+      // row written first stays, never overwritten.
+      if (!w) throw taken();
       await s.endpoints.activateWaiting(model.id, body.tier, w.id);
       await s.bus.publish('workers', w.id);
       await s.bus.publish('endpoint', '*');

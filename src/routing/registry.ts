@@ -90,7 +90,13 @@ export class WorkerRegistry {
       .prepare('');
   }
 
-  /** Inserts or replaces a worker (embedded workers re-register on every start). */
+  /**
+   * Inserts a worker, or replaces the one of the same id and source (a self-registered
+   * worker registering again, an embedded one on every start). Null when a worker of
+   * another source holds the id: the insert and the check are one statement, so of a
+   * static and a self-registration of one id at once the first row written stays,
+   * whole, and the other gets null (no row taken over; routes answer 409).
+   */
   async upsert(
     input: {
       id: string;
@@ -102,11 +108,11 @@ export class WorkerRegistry {
       schedulingPolicy?: SchedulingPolicy;
     },
     now: Date,
-  ): Promise<WorkerRecord> {
+  ): Promise<WorkerRecord | null> {
     const heartbeat = input.source === 'registered' ? now : null;
     const capacity = input.capacity ?? null;
     const schedulingPolicy = input.schedulingPolicy ?? 'fcfs';
-    await this.db
+    const written = await this.db
       .insert(workers)
       .values({
         ...input,
@@ -122,13 +128,48 @@ export class WorkerRegistry {
           modelId: input.modelId,
           tierId: input.tierId,
           url: input.url,
-          source: input.source,
           capacity,
           schedulingPolicy,
           status: 'healthy',
           lastHeartbeatAt: heartbeat,
         },
-      });
+        setWhere: eq(workers.source, input.source),
+      })
+      .returning({ id: workers.id });
+    if (written.length === 0) return null;
+    const w = await this.get(input.id);
+    if (!w) throw new Error('worker vanished after insert');
+    return w;
+  }
+
+  /**
+   * Inserts a new worker; null when its id is taken (by any source), in the same
+   * statement, so a concurrent registration of the id cannot be overwritten.
+   */
+  async create(
+    input: {
+      id: string;
+      modelId: string;
+      tierId: string;
+      url: string;
+      source: WorkerSource;
+      schedulingPolicy?: SchedulingPolicy;
+    },
+    now: Date,
+  ): Promise<WorkerRecord | null> {
+    const written = await this.db
+      .insert(workers)
+      .values({
+        ...input,
+        capacity: null,
+        schedulingPolicy: input.schedulingPolicy ?? 'fcfs',
+        status: 'healthy',
+        lastHeartbeatAt: null,
+        createdAt: now,
+      })
+      .onConflictDoNothing({ target: workers.id })
+      .returning({ id: workers.id });
+    if (written.length === 0) return null;
     const w = await this.get(input.id);
     if (!w) throw new Error('worker vanished after insert');
     return w;
