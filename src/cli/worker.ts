@@ -10,7 +10,10 @@
  * SIGTERM drains (workers/drain.ts): the router is told to send nothing new, the
  * requests already open finish (at most `--drain-ms`, default
  * SWITCHYARD_WORKER_DRAIN_MS or 30 s), then the worker deregisters and exits 0. A
- * second SIGTERM or SIGINT cuts the wait short.
+ * second SIGTERM or SIGINT cuts the wait short. A SIGTERM before the first
+ * registration succeeded (the router unreachable yet) stops the retries and exits 0
+ * within a second; a registration sent just before it is deregistered if the router
+ * answers it within 0.5 s, else abandoned (the router expires it).
  *
  * `--prefill-concurrency N` (sim engine): at most N prefills at once, the others
  * wait in queue order (1 models an engine whose prefills share one compute budget).
@@ -27,13 +30,23 @@ import pino from 'pino';
 import { systemClock } from '../runtime/clock.js';
 import { createLogger } from '../runtime/logger.js';
 import { InFlight, waitForDrain } from '../workers/drain.js';
-import { RegistrationError, WorkerRegistration } from '../workers/registration.js';
+import {
+  RegistrationError,
+  RegistrationStopped,
+  WorkerRegistration,
+} from '../workers/registration.js';
 import { startSimWorker } from '../workers/sim/server.js';
 import { otlpEndpointFromEnv } from '../config/index.js';
 import { TIER_IDS } from '../tiers/index.js';
 
 /** How long SIGTERM waits for the router to acknowledge the drain, and the deregistration. */
 const DEREGISTER_WAIT_MS = 3000;
+/**
+ * The same, for a SIGTERM before the first registration succeeded: the answer to a
+ * registration already sent (START_GRACE_MS of it) and its deregistration, so the
+ * worker exits within a second.
+ */
+const UNREGISTERED_STOP_WAIT_MS = 800;
 const DEFAULT_DRAIN_MS = 30_000;
 
 /** `p`, or nothing after `ms`: a router that does not answer must not hold the exit. */
@@ -169,15 +182,6 @@ export async function worker(argv: string[]): Promise<number> {
         clock: systemClock,
         log,
       });
-      try {
-        await registration.start();
-      } catch (err) {
-        const why = err instanceof RegistrationError ? err.message : String(err);
-        process.stderr.write(`switchyard worker: ${why}\n`);
-        await w.close();
-        await stopTracing();
-        return 2;
-      }
     }
     let stopping = false;
     let interrupt: () => void = () => undefined;
@@ -188,6 +192,7 @@ export async function worker(argv: string[]): Promise<number> {
         return;
       }
       stopping = true;
+      const registered = registration !== null && registration.workerId !== null;
       void (async () => {
         // The router first, so it sends nothing new; then no new connections here.
         if (registration) await atMost(registration.drain(), DEREGISTER_WAIT_MS);
@@ -204,14 +209,33 @@ export async function worker(argv: string[]): Promise<number> {
             ? 'drained'
             : `drain ${outcome === 'deadline' ? 'deadline passed' : 'interrupted'}: closing ${inFlight.count} open request(s)`,
         );
-        if (registration) await atMost(registration.stop(), DEREGISTER_WAIT_MS);
+        if (registration) {
+          const ms = registered ? DEREGISTER_WAIT_MS : UNREGISTERED_STOP_WAIT_MS;
+          await atMost(registration.stop(), ms);
+        }
         await w.close();
         await stopTracing();
         process.exit(0);
       })();
     };
+    // Before the first registration: a SIGTERM while the router is still unreachable
+    // stops the retries and exits 0 at once (below, through the same drain).
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
+    if (registration) {
+      try {
+        await registration.start();
+      } catch (err) {
+        // Stopped while registering: the handler above exits.
+        if (stopping && err instanceof RegistrationStopped)
+          return new Promise<number>(() => undefined);
+        const why = err instanceof RegistrationError ? err.message : String(err);
+        process.stderr.write(`switchyard worker: ${why}\n`);
+        await w.close();
+        await stopTracing();
+        return 2;
+      }
+    }
     return new Promise<number>(() => undefined);
   };
   // OpenTelemetry when an OTLP endpoint is configured (runtime/tracing).

@@ -13,6 +13,13 @@
  * Timing is on the injected clock. The first registration's answer decides
  * start-up: a refused token or an unknown model is a configuration error the
  * caller reports; an unreachable router is retried with backoff.
+ *
+ * Stopped (or drained) before the first registration succeeded, it makes no other
+ * attempt: a backoff wait ends at once and `start()` rejects with
+ * RegistrationStopped. A registration already sent is given `START_GRACE_MS` for
+ * its answer: if the router took it, `stop()` deregisters it; after that the call
+ * is aborted (a router that recorded it anyway drops it when its heartbeats do not
+ * come).
  */
 import { request } from '../runtime/http-client.js';
 import type { Clock, Timer } from '../runtime/clock.js';
@@ -39,8 +46,17 @@ export interface RegistrationOptions {
 
 export class RegistrationError extends Error {}
 
+/** `stop()` or `drain()` came before the first registration succeeded. */
+export class RegistrationStopped extends Error {
+  constructor() {
+    super('stopped before the first registration');
+  }
+}
+
 const RETRY_MIN_MS = 1000;
 const RETRY_MAX_MS = 30_000;
+/** How long `stop()` waits for the answer to a registration sent before it. */
+export const START_GRACE_MS = 500;
 
 interface Answer {
   status: number;
@@ -55,6 +71,13 @@ export class WorkerRegistration {
   private draining = false;
   private retryMs = RETRY_MIN_MS;
   private pending: Promise<void> = Promise.resolve();
+  /** The first registration's call while it is in flight. */
+  private attempt: Promise<void> | null = null;
+  /** Ends the backoff wait between first tries early (stop, drain). */
+  private wake: (() => void) | null = null;
+  private backoffTimer: Timer | null = null;
+  /** Aborts the first registration's call (stop, after the grace). */
+  private readonly starting = new AbortController();
 
   constructor(private readonly o: RegistrationOptions) {}
 
@@ -68,16 +91,33 @@ export class WorkerRegistration {
    */
   async start(): Promise<string> {
     for (;;) {
+      if (this.stopped || this.draining) throw new RegistrationStopped();
       try {
-        await this.register();
+        this.attempt = this.register(this.starting.signal);
+        await this.attempt;
         this.schedule(this.intervalMs);
         return this.id!;
       } catch (err) {
-        if (err instanceof RegistrationError || this.stopped) throw err;
+        if (err instanceof RegistrationError) throw err;
+        if (this.stopped || this.draining) throw new RegistrationStopped();
         this.log(`registration with ${this.o.routerUrl} failed (${msg(err)}); retrying`);
-        await new Promise<void>((resolve) => this.o.clock.setTimer(this.backoff(), resolve));
+      } finally {
+        this.attempt = null;
       }
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+        this.backoffTimer = this.o.clock.setTimer(this.backoff(), resolve);
+      });
+      this.wake = null;
+      this.backoffTimer = null;
     }
+  }
+
+  /** No further first tries: the backoff wait, if any, ends now. */
+  private interruptStart(): void {
+    this.backoffTimer?.cancel();
+    this.backoffTimer = null;
+    this.wake?.();
   }
 
   /**
@@ -87,6 +127,7 @@ export class WorkerRegistration {
    */
   async drain(): Promise<boolean> {
     this.draining = true;
+    this.interruptStart();
     if (!this.id) return false;
     try {
       const res = await this.call('POST', `/admin/v1/workers/${encodeURIComponent(this.id)}/drain`);
@@ -102,8 +143,20 @@ export class WorkerRegistration {
   /** Stops heartbeating and deregisters (best effort: the router removes it anyway). */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.interruptStart();
     this.timer?.cancel();
     this.timer = null;
+    const attempt = this.attempt?.catch(() => undefined);
+    if (attempt) {
+      // Sent before the stop: deregistered below if the router answers in time.
+      let expired!: () => void;
+      const late = new Promise<void>((resolve) => (expired = resolve));
+      const grace = this.o.clock.setTimer(START_GRACE_MS, () => expired());
+      await Promise.race([attempt, late]);
+      grace.cancel();
+      this.starting.abort();
+      await attempt;
+    }
     await this.pending;
     if (!this.id) return;
     try {
@@ -114,8 +167,8 @@ export class WorkerRegistration {
     }
   }
 
-  private async register(): Promise<void> {
-    const res = await this.call('POST', '/admin/v1/workers/register', {
+  private async register(signal?: AbortSignal): Promise<void> {
+    const res = await this.call('POST', '/admin/v1/workers/register', signal, {
       model: this.o.model,
       ...(this.o.project ? { project: this.o.project } : {}),
       tier: this.o.tier,
@@ -178,10 +231,16 @@ export class WorkerRegistration {
     return ms;
   }
 
-  private async call(method: 'POST', path: string, body?: unknown): Promise<Answer> {
+  private async call(
+    method: 'POST',
+    path: string,
+    signal?: AbortSignal,
+    body?: unknown,
+  ): Promise<Answer> {
     const timeout = this.o.timeoutMs ?? 5000;
     const res = await request(this.o.routerUrl.replace(/\/+$/, '') + path, {
       method,
+      ...(signal ? { signal } : {}),
       headers: {
         authorization: `Bearer ${this.o.token}`,
         ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
