@@ -484,6 +484,11 @@ interface ChunkStats {
    * index and the delta's id (see `StreamAccumulator`); the worker's index if unset.
    */
   toolIndex?: (choice: number, upstream: number, id: string | undefined) => number;
+  /**
+   * Whether choice `choice` may still stream (see `StreamAccumulator`); a closed
+   * choice's delta is dropped before it is counted. Every choice when unset.
+   */
+  open?: (choice: number) => boolean;
 }
 
 function toolCallDeltas(
@@ -529,6 +534,7 @@ function reframeChunkChoice(
   const c = asObj(raw);
   if (c === undefined) return null;
   const index = asIndex(c.index, position);
+  if (stats?.open !== undefined && !stats.open(index)) return null;
   const d = asObj(c.delta);
   const content = d === undefined ? undefined : textOf(d.content);
   const refusal = d === undefined ? undefined : asString(d.refusal);
@@ -794,7 +800,8 @@ const MAX_TRACKED_CHOICES = 128;
  * asked for usage, and record `summary()` whether or not the stream completed.
  *
  * The role is sent once: on the first forwarded chunk (added if the worker did
- * not send one) and dropped from later chunks.
+ * not send one) and dropped from later chunks. A choice's finish_reason is sent
+ * once: a second one, and any delta of that choice after it, is dropped.
  */
 export class StreamAccumulator {
   private readonly stats: ChunkStats = {
@@ -802,6 +809,7 @@ export class StreamAccumulator {
     tokens: 0,
     visible: false,
     toolIndex: (choice, upstream, id) => this.toolIndex(choice, upstream, id),
+    open: (choice) => this.finishReasons[choice] == null,
   };
   /**
    * Per choice, the tool calls seen: the worker's index -> the client's index and
@@ -852,17 +860,29 @@ export class StreamAccumulator {
       this.firstTokenAt ??= nowMs;
     }
     if (chunk === null) return null;
+    // One finish_reason per choice, and nothing of a choice after it (OpenAI's own
+    // streams never do otherwise; the SDK's accumulator would take the last reason
+    // and append the text): the `open` check dropped choices finished in earlier
+    // chunks, this drops one finished earlier in this chunk.
+    const choices = chunk.choices;
+    let kept = 0;
+    for (let k = 0; k < choices.length; k++) {
+      const choice = choices[k]!;
+      const i = choice.index;
+      if (i < MAX_TRACKED_CHOICES) {
+        if (this.finishReasons[i] != null) continue;
+        while (this.finishReasons.length <= i) this.finishReasons.push(null);
+        if (choice.finish_reason !== null) this.finishReasons[i] = choice.finish_reason;
+      }
+      choices[kept++] = choice;
+    }
+    if (kept === 0) return null;
+    choices.length = kept;
     // Keep one fingerprint across the stream when a worker sends it only sometimes.
     if (chunk.system_fingerprint === null) chunk.system_fingerprint = this.fingerprint;
     if (stats.visible) this.firstContentAt ??= nowMs;
     this.roleSent = true;
     this.forwarded++;
-    for (const choice of chunk.choices) {
-      const i = choice.index;
-      if (i >= MAX_TRACKED_CHOICES) continue;
-      while (this.finishReasons.length <= i) this.finishReasons.push(null);
-      if (choice.finish_reason !== null) this.finishReasons[i] = choice.finish_reason;
-    }
     return chunk;
   }
 

@@ -1,0 +1,143 @@
+/**
+ * Workers that break the wire format's rules, and what the client still gets: a
+ * fake worker (node:http) answers the canned stream or body of the case the request
+ * names in its forwarded `variant` field. Every stream the client gets is checked
+ * chunk by chunk against OpenAI's schemas (id = X-Request-ID on each, one
+ * finish_reason per choice, nothing for a choice after it) and assembled by the
+ * SDK's `ChatCompletionStream` (`finalChatCompletion()`), which throws on a choice
+ * without a finish_reason or a role.
+ */
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { after, before, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
+import { validateChunk } from '../support/openai-schemas.js';
+import { listenWorker, onPost } from '../support/fake-worker.js';
+
+type Payload = Record<string, unknown>;
+
+const head = { id: 'cmpl-w', object: 'chat.completion.chunk', created: 1754524122, model: 'w' };
+/** One SSE event of a chunk with these choices. */
+const chunk = (choices: Payload[], extra: Payload = {}) =>
+  `data: ${JSON.stringify({ ...head, choices, ...extra })}\n\n`;
+const text = (content: string, index = 0) => chunk([{ index, delta: { content } }]);
+const first = chunk([{ index: 0, delta: { role: 'assistant', content: 'Hi' } }]);
+const finish = (reason: string, index = 0) => chunk([{ index, delta: {}, finish_reason: reason }]);
+const usage = chunk([], { usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } });
+const DONE = 'data: [DONE]\n\n';
+
+/** Streams as the worker writes them, one TCP write each. */
+const streams: Record<string, string[]> = {
+  'finish-twice': [first, finish('stop'), finish('length'), usage, DONE],
+  'text-after-finish': [first, finish('stop'), text(' and more'), usage, DONE],
+};
+
+async function misbehavingWorker() {
+  const server = http.createServer(
+    onPost((body, res) => {
+      const writes = streams[String(body.variant)];
+      if (writes === undefined) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { message: `no variant ${String(body.variant)}` } }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const next = (i: number) => {
+        if (i === writes.length) res.end();
+        else res.write(writes[i], () => setImmediate(next, i + 1));
+      };
+      next(0);
+    }),
+  );
+  return listenWorker(server);
+}
+
+describe('a worker that breaks the stream rules', () => {
+  let s: TestServer;
+  let w: Awaited<ReturnType<typeof misbehavingWorker>>;
+  let client: OpenAI;
+  let baseURL: string;
+  let key: string;
+  before(async () => {
+    s = await startTestServer();
+    w = await misbehavingWorker();
+    const p = await seedProject(s, {
+      slug: 'mis',
+      model: 'mm',
+      worker: { url: w.url, id: 'mis' },
+      quotaRequests: 10_000,
+    });
+    ({ baseURL, key } = p);
+    client = new OpenAI({ baseURL, apiKey: key, maxRetries: 0 });
+  });
+  after(async () => {
+    await s.close();
+    await w.close();
+  });
+
+  const params = (variant: string, extra: Payload = {}) =>
+    ({
+      model: 'x',
+      messages: [{ role: 'user', content: 'hi' }],
+      stream: true,
+      variant,
+      ...extra,
+    }) as unknown as OpenAI.Chat.ChatCompletionCreateParamsStreaming;
+
+  /**
+   * The stream as sent (raw fetch): every chunk valid and carrying the request id,
+   * the finish reasons per choice in order, and the last event.
+   */
+  async function wire(variant: string, extra: Payload = {}) {
+    const res = await fetch(`${baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify(params(variant, extra)),
+      signal: AbortSignal.timeout(10_000),
+    });
+    assert.equal(res.status, 200);
+    const id = res.headers.get('x-request-id');
+    const events = (await res.text()).split('\n\n').filter((e) => e !== '');
+    const finishes: Record<number, string[]> = {};
+    const content: Record<number, string> = {};
+    const afterFinish: string[] = [];
+    for (const e of events) {
+      if (!e.startsWith('data: {')) continue;
+      const c = JSON.parse(e.slice('data: '.length)) as OpenAI.Chat.ChatCompletionChunk;
+      assert.deepEqual(validateChunk(c), [], e);
+      assert.equal(c.id, id);
+      for (const choice of c.choices) {
+        if ((finishes[choice.index] ?? []).length > 0) afterFinish.push(e);
+        content[choice.index] = (content[choice.index] ?? '') + (choice.delta.content ?? '');
+        if (choice.finish_reason !== null) {
+          (finishes[choice.index] ??= []).push(choice.finish_reason);
+        }
+      }
+    }
+    return { finishes, content, afterFinish, last: events.at(-1) };
+  }
+
+  /** The SDK's assembled completion of the same stream. */
+  function assembled(variant: string, extra: Payload = {}) {
+    return client.chat.completions.stream(params(variant, extra)).finalChatCompletion();
+  }
+
+  it('a finish_reason sent twice reaches the client once, the first one', async () => {
+    const got = await wire('finish-twice');
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.deepEqual(got.afterFinish, []);
+    assert.equal(got.last, DONE.trim());
+    const done = await assembled('finish-twice');
+    assert.equal(done.choices[0]!.finish_reason, 'stop');
+    assert.equal(done.choices[0]!.message.content, 'Hi');
+  });
+
+  it('text a worker sends after the finish_reason is not forwarded', async () => {
+    const got = await wire('text-after-finish');
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.deepEqual(got.content, { 0: 'Hi' });
+    assert.deepEqual(got.afterFinish, []);
+    assert.equal((await assembled('text-after-finish')).choices[0]!.message.content, 'Hi');
+  });
+});
