@@ -324,6 +324,7 @@ export class ChatCompletions {
       serviceTier: endpoint.tierId as ServiceTierName,
       topLogprobs: req.topLogprobs,
       logprobs: req.logprobs,
+      choices: req.n,
       predictionUsed: req.predictionText !== undefined,
       promptTokensEstimate: promptTokens,
       includeUsage: req.stream && req.includeUsage,

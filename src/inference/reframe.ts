@@ -51,6 +51,11 @@ export interface ReframeContext {
    * when the worker sent none (an answer of tool calls only).
    */
   readonly logprobs?: boolean;
+  /**
+   * The request's `n`: a stream forwards choices 0 to n - 1 only (a worker's other
+   * indexes are choices nobody asked for). Unset: every index.
+   */
+  readonly choices?: number;
   /** Whether the request carried `prediction`; prediction-token counts are null otherwise. */
   readonly predictionUsed?: boolean;
   /** Router-side prompt estimate, used only when the worker reports no usage. */
@@ -791,7 +796,7 @@ export interface StreamSummary {
   systemFingerprint: string | null;
 }
 
-/** Choice indexes above this are not tracked; streaming serves n=1 anyway. */
+/** Choice indexes above this are not tracked (the request's `n` is at most 128). */
 const MAX_TRACKED_CHOICES = 128;
 
 /**
@@ -801,7 +806,8 @@ const MAX_TRACKED_CHOICES = 128;
  *
  * The role is sent once: on the first forwarded chunk (added if the worker did
  * not send one) and dropped from later chunks. A choice's finish_reason is sent
- * once: a second one, and any delta of that choice after it, is dropped.
+ * once: a second one, and any delta of that choice after it, is dropped; so is
+ * a choice whose index the request's `n` did not ask for.
  */
 export class StreamAccumulator {
   private readonly stats: ChunkStats = {
@@ -809,7 +815,8 @@ export class StreamAccumulator {
     tokens: 0,
     visible: false,
     toolIndex: (choice, upstream, id) => this.toolIndex(choice, upstream, id),
-    open: (choice) => this.finishReasons[choice] == null,
+    open: (choice) =>
+      choice < (this.ctx.choices ?? MAX_TRACKED_CHOICES) && this.finishReasons[choice] == null,
   };
   /**
    * Per choice, the tool calls seen: the worker's index -> the client's index and

@@ -31,6 +31,16 @@ const DONE = 'data: [DONE]\n\n';
 const streams: Record<string, string[]> = {
   'finish-twice': [first, finish('stop'), finish('length'), usage, DONE],
   'text-after-finish': [first, finish('stop'), text(' and more'), usage, DONE],
+  // Choices the request did not ask for (n is 1): a stray index, a second choice.
+  'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
+  'second-choice': [
+    first,
+    chunk([{ index: 1, delta: { role: 'assistant', content: 'B' } }]),
+    finish('stop'),
+    finish('stop', 1),
+    usage,
+    DONE,
+  ],
 };
 
 async function misbehavingWorker() {
@@ -140,4 +150,17 @@ describe('a worker that breaks the stream rules', () => {
     assert.deepEqual(got.afterFinish, []);
     assert.equal((await assembled('text-after-finish')).choices[0]!.message.content, 'Hi');
   });
+
+  for (const variant of ['unknown-index', 'second-choice']) {
+    it(`${variant}: a choice index the request did not ask for is not forwarded`, async () => {
+      const got = await wire(variant);
+      assert.deepEqual(got.finishes, { 0: ['stop'] });
+      assert.deepEqual(got.content, { 0: 'Hi' });
+      const done = await assembled(variant);
+      assert.deepEqual(
+        done.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
+        [[0, 'Hi', 'stop']],
+      );
+    });
+  }
 });
