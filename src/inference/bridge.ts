@@ -461,6 +461,8 @@ export class ToolBridge {
     // The answer (possibly without visible text): send what was held, then the end.
     if (this.ttftMs === null) this.ttftMs = r.clock.now() - r.startedAt;
     for (const h of held) await this.forward(h);
+    const closing = acc.closingChunk();
+    if (closing !== null) await this.forward(closing);
     this.head();
     const raw = r.reply.raw;
     if (r.req.includeUsage) raw.write(sseData(usageChunk(this.usage!, r.ctx, this.fingerprint)));

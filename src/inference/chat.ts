@@ -757,6 +757,11 @@ export class ChatCompletions {
         }
         this.d.pool.success(run.worker.id);
         outcome = 'completed';
+        const closing = acc.closingChunk();
+        if (closing !== null) {
+          raw.write(sseData(closing));
+          if (kept !== null) kept.add(closing);
+        }
         if (req.includeUsage) {
           const chunk = acc.usageChunk();
           if (chunk.usage) reasoningNull(chunk.usage, run.endpoint);

@@ -933,6 +933,44 @@ export class StreamAccumulator {
     return estimatedUsage(this.ctx.promptTokensEstimate ?? 0, completion);
   }
 
+  /**
+   * At the stream's end (the worker's `[DONE]`), the chunk that gives `finish_reason:
+   * stop` to each choice the worker left without one, as a non-streamed null
+   * finish_reason reads (clients assemble a choice only once it has one); null when
+   * every choice has one. A choice the worker never streamed gets its role too.
+   * Recorded as if the worker had sent it.
+   */
+  closingChunk(): ChatCompletionChunk | null {
+    const n = Math.min(this.ctx.choices ?? this.finishReasons.length, MAX_TRACKED_CHOICES);
+    let choices: ChunkChoice[] | undefined;
+    for (let i = 0; i < n; i++) {
+      if (this.finishReasons[i] != null) continue;
+      const seen = i < this.finishReasons.length && this.roleSent;
+      (choices ??= []).push({
+        index: i,
+        delta: seen ? {} : { role: 'assistant', content: '' },
+        logprobs: null,
+        finish_reason: 'stop',
+      });
+    }
+    if (choices === undefined) return null;
+    while (this.finishReasons.length < n) this.finishReasons.push(null);
+    for (const c of choices) this.finishReasons[c.index] = 'stop';
+    this.roleSent = true;
+    this.forwarded++;
+    const chunk: ChatCompletionChunk = {
+      id: this.ctx.id,
+      object: 'chat.completion.chunk',
+      created: this.ctx.created,
+      model: this.ctx.model,
+      service_tier: this.ctx.serviceTier,
+      system_fingerprint: this.fingerprint,
+      choices,
+    };
+    if (this.ctx.includeUsage === true) chunk.usage = null;
+    return chunk;
+  }
+
   /** The spec's final usage chunk (`choices: []`), for `stream_options.include_usage`. */
   usageChunk(): ChatCompletionChunk {
     return usageChunk(this.usage, this.ctx, this.fingerprint);

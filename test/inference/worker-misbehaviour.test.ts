@@ -31,6 +31,8 @@ const DONE = 'data: [DONE]\n\n';
 const streams: Record<string, string[]> = {
   'finish-twice': [first, finish('stop'), finish('length'), usage, DONE],
   'text-after-finish': [first, finish('stop'), text(' and more'), usage, DONE],
+  // [DONE] with the choice never finished.
+  'no-finish': [first, text(' there'), usage, DONE],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -149,6 +151,16 @@ describe('a worker that breaks the stream rules', () => {
     assert.deepEqual(got.content, { 0: 'Hi' });
     assert.deepEqual(got.afterFinish, []);
     assert.equal((await assembled('text-after-finish')).choices[0]!.message.content, 'Hi');
+  });
+
+  it('a choice the worker never finished ends with finish_reason stop before [DONE]', async () => {
+    const got = await wire('no-finish', { stream_options: { include_usage: true } });
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.equal(got.last, DONE.trim());
+    const done = await assembled('no-finish', { stream_options: { include_usage: true } });
+    assert.equal(done.choices[0]!.finish_reason, 'stop');
+    assert.equal(done.choices[0]!.message.content, 'Hi there');
+    assert.equal(done.usage?.total_tokens, 5);
   });
 
   for (const variant of ['unknown-index', 'second-choice']) {
