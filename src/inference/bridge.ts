@@ -441,6 +441,9 @@ export class ToolBridge {
       r.logger.warn({ err }, 'worker stream failed (tool bridge)');
       upstreamError = 'The inference worker ended the stream.';
     }
+    // A worker that closed without `[DONE]` once every choice had its finish_reason ended
+    // the answer (chat.ts reads it so too).
+    if (upstreamError === null && acc.finished) done = true;
     if (upstreamError !== null || !done) {
       this.addUnfinished(acc, false);
       throw new ServiceError(this.headersSent ? 'cancelled' : 'upstream_error', {

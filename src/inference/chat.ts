@@ -696,6 +696,9 @@ export class ChatCompletions {
             batch = '';
             for (const ev of parser.end()) if (!onEvent(ev, clock.now())) break;
             if (batch !== '') write(raw, batch);
+            // Every choice has its finish_reason (and the usage chunk follows it): the
+            // answer is whole, a worker that closes without `[DONE]` has ended it.
+            if (upstreamError === null && acc.finished) done = true;
           }
         } catch (err) {
           if (serverEnded) {

@@ -923,6 +923,18 @@ export class StreamAccumulator {
     return this.firstTokenAt !== null;
   }
 
+  /**
+   * Whether every choice has its finish_reason: choices 0 to n - 1 with the
+   * request's `n`, else every choice seen (and at least one).
+   */
+  get finished(): boolean {
+    const reasons = this.finishReasons;
+    const n = Math.min(this.ctx.choices ?? reasons.length, MAX_TRACKED_CHOICES);
+    if (n === 0 || reasons.length < n) return false;
+    for (let i = 0; i < n; i++) if (reasons[i] == null) return false;
+    return true;
+  }
+
   /** Usage so far: the worker's latest report, else an estimate from what streamed. */
   get usage(): Usage {
     if (this.reported !== null) return this.reported;
@@ -985,7 +997,7 @@ export class StreamAccumulator {
       firstContentMs: this.firstContentAt === null ? null : this.firstContentAt - this.startedAtMs,
       contentEmitted: this.firstContentAt !== null,
       finishReasons: reasons,
-      finished: reasons.length > 0 && reasons.every((r) => r !== null),
+      finished: this.finished,
       chunksForwarded: this.forwarded,
       systemFingerprint: this.fingerprint,
     };

@@ -33,6 +33,8 @@ const streams: Record<string, string[]> = {
   'text-after-finish': [first, finish('stop'), text(' and more'), usage, DONE],
   // [DONE] with the choice never finished.
   'no-finish': [first, text(' there'), usage, DONE],
+  // Every choice finished and usage sent, then the worker closes without [DONE].
+  'finished-no-done': [first, finish('stop'), usage],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -160,6 +162,15 @@ describe('a worker that breaks the stream rules', () => {
     const done = await assembled('no-finish', { stream_options: { include_usage: true } });
     assert.equal(done.choices[0]!.finish_reason, 'stop');
     assert.equal(done.choices[0]!.message.content, 'Hi there');
+    assert.equal(done.usage?.total_tokens, 5);
+  });
+
+  it('a worker that closes without [DONE] after every choice finished completed the stream', async () => {
+    const got = await wire('finished-no-done', { stream_options: { include_usage: true } });
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.equal(got.last, DONE.trim());
+    const done = await assembled('finished-no-done', { stream_options: { include_usage: true } });
+    assert.equal(done.choices[0]!.message.content, 'Hi');
     assert.equal(done.usage?.total_tokens, 5);
   });
 
