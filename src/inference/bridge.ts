@@ -53,7 +53,7 @@ import {
 } from './reframe.js';
 import type { ChatRequest } from './request.js';
 import { drained, isDone, parseSseStream, SSE_DONE, sseData, sseError } from './sse.js';
-import type { UpstreamResponse } from './upstream.js';
+import { AFTER_DONE_MS, type UpstreamResponse } from './upstream.js';
 import type { AbortLike } from '../runtime/cancel.js';
 
 /** Upstream rounds per request; the last one may not call tools. */
@@ -388,8 +388,10 @@ export class ToolBridge {
       for await (const ev of parseSseStream(res.body as AsyncIterable<Uint8Array>)) {
         this.bound.touch();
         if (isDone(ev)) {
+          // The end of the round, whatever follows it (chat.ts reads it so too).
           done = true;
-          continue;
+          res.body.discard(r.clock, AFTER_DONE_MS);
+          break;
         }
         if (ev.event === 'error') {
           upstreamError = errorEventMessage(ev.data);

@@ -90,7 +90,7 @@ import { Deadline } from './deadline.js';
 import { parseChatRequest, type ChatRequest } from './request.js';
 import { resolveTarget } from './target.js';
 import { drained, isDone, SSE_DONE, sseData, sseError, SseParser, type SseEvent } from './sse.js';
-import type { UpstreamClient, UpstreamResponse } from './upstream.js';
+import { AFTER_DONE_MS, type UpstreamClient, type UpstreamResponse } from './upstream.js';
 import { Cancellation, type AbortLike } from '../runtime/cancel.js';
 
 export interface ChatDeps {
@@ -633,8 +633,10 @@ export class ChatCompletions {
         /** One worker event; false once the worker sent an error (stop reading). */
         const onEvent = (ev: SseEvent, now: number): boolean => {
           if (isDone(ev)) {
+            // The end of the answer, whatever follows it or however long the worker
+            // takes to close its response.
             done = true;
-            return true;
+            return false;
           }
           if (ev.event === 'error') {
             upstreamError = errorEventMessage(ev.data);
@@ -689,8 +691,12 @@ export class ChatCompletions {
               deadline.touch();
             }
             if (upstreamError !== null) break;
+            if (done) {
+              res.body.discard(clock, AFTER_DONE_MS);
+              break;
+            }
           }
-          if (upstreamError === null) {
+          if (upstreamError === null && !done) {
             // The worker closed: an event it sent without its closing blank line (some
             // end on a bare `data: [DONE]`) is an event still.
             batch = '';

@@ -14,11 +14,20 @@ import type { IncomingHttpHeaders } from 'node:http';
 import type { Dispatcher, Pool as UndiciPool } from 'undici';
 import { Pool } from '../runtime/http-client.js';
 import type { AbortLike } from '../runtime/cancel.js';
+import type { Clock, Timer } from '../runtime/clock.js';
 
 /** A worker's response body: read it whole or iterate its chunks, once. */
 export interface UpstreamBody extends AsyncIterable<Buffer> {
   /** The whole body as UTF-8. */
   text(): Promise<string>;
+  /**
+   * The reader is done before the body ended (a stream's `data: [DONE]`): what
+   * still arrives is dropped, so the connection goes back to the pool when the
+   * worker ends its response, and the request is aborted (the connection closed) if
+   * it has not ended `ms` later on `clock`. Leaving a `for await` after this aborts
+   * nothing.
+   */
+  discard(clock: Clock, ms: number): void;
 }
 
 export interface UpstreamResponse {
@@ -31,6 +40,12 @@ const REQUEST_HEADERS = {
   'content-type': 'application/json',
   accept: 'application/json, text/event-stream',
 } as const;
+
+/**
+ * How long a worker may take to end its response after its `data: [DONE]` (the client
+ * has its answer by then) before its connection is closed (`UpstreamBody.discard`).
+ */
+export const AFTER_DONE_MS = 1000;
 
 /** Buffered body bytes above which a chunk-by-chunk reader pauses the socket. */
 const HIGH_WATER = 64 * 1024;
@@ -62,6 +77,8 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
   /** The reader gave up (early `return` from iteration): later events are ignored. */
   private closed = false;
   private waiter: Waiter | null = null;
+  /** Bounds how long a discarded body may take to end (`discard`). */
+  private discardTimer: Timer | null = null;
   private whole: { resolve: (s: string) => void; reject: (e: Error) => void } | null = null;
   private readonly onAbort = () => this.cancel(abortReason(this.signal));
 
@@ -119,6 +136,7 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
 
   onResponseEnd(): void {
     this.done();
+    this.discardTimer?.cancel();
     this.ended = true;
     if (this.whole) {
       this.whole.resolve(this.drain());
@@ -133,6 +151,7 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
 
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
     this.done();
+    this.discardTimer?.cancel();
     if (!this.started) {
       this.reject(err);
       return;
@@ -157,6 +176,23 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
     this.head = 0;
     this.buffered = 0;
     return text;
+  }
+
+  discard(clock: Clock, ms: number): void {
+    if (this.ended || this.failure || this.closed) return;
+    // Closed: later data is dropped as it arrives and the iterator reads as ended.
+    this.closed = true;
+    this.chunks.length = 0;
+    this.head = 0;
+    this.buffered = 0;
+    if (this.controller?.paused) this.controller.resume();
+    this.discardTimer = clock.setTimer(ms, () => {
+      if (this.ended || this.failure) return;
+      this.done();
+      this.controller?.abort(
+        new DOMException('The response did not end after its [DONE]', 'AbortError'),
+      );
+    });
   }
 
   text(): Promise<string> {

@@ -8,6 +8,7 @@
  * without a finish_reason or a role.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
@@ -35,6 +36,9 @@ const streams: Record<string, string[]> = {
   'no-finish': [first, text(' there'), usage, DONE],
   // Every choice finished and usage sent, then the worker closes without [DONE].
   'finished-no-done': [first, finish('stop'), usage],
+  // Content after [DONE]; [DONE] twice; [DONE] with the connection kept open.
+  'after-done': [first, usage, DONE, text(' ghost'), DONE],
+  'open-after-done': [first, finish('stop'), usage, DONE],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -47,6 +51,9 @@ const streams: Record<string, string[]> = {
   ],
 };
 
+/** Responses the worker keeps open after their last write (`open-after-done`). */
+const held: http.ServerResponse[] = [];
+
 async function misbehavingWorker() {
   const server = http.createServer(
     onPost((body, res) => {
@@ -58,8 +65,9 @@ async function misbehavingWorker() {
       }
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       const next = (i: number) => {
-        if (i === writes.length) res.end();
-        else res.write(writes[i], () => setImmediate(next, i + 1));
+        if (i < writes.length) res.write(writes[i], () => setImmediate(next, i + 1));
+        else if (body.variant === 'open-after-done') held.push(res);
+        else res.end();
       };
       next(0);
     }),
@@ -172,6 +180,28 @@ describe('a worker that breaks the stream rules', () => {
     const done = await assembled('finished-no-done', { stream_options: { include_usage: true } });
     assert.equal(done.choices[0]!.message.content, 'Hi');
     assert.equal(done.usage?.total_tokens, 5);
+  });
+
+  it('[DONE] ends the stream: nothing after it is forwarded, a second one is not repeated', async () => {
+    const got = await wire('after-done');
+    assert.deepEqual(got.content, { 0: 'Hi' });
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.equal(got.last, DONE.trim());
+    assert.deepEqual(got.afterFinish, []);
+    assert.equal((await assembled('after-done')).choices[0]!.message.content, 'Hi');
+  });
+
+  it('a worker that keeps its connection open after [DONE]: the client has its answer at once, the connection is dropped 1 s later', async () => {
+    // Without the fix the client waits for the idle timeout (600 s on cpu); the
+    // fetch's own 10 s timeout would fail the test.
+    const got = await wire('open-after-done');
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    assert.equal(got.last, DONE.trim());
+    const res = held.pop()!;
+    assert.equal(res.destroyed, false, 'the worker connection stays for the grace period');
+    const closed = once(res, 'close');
+    s.clock.advance(1000);
+    await closed;
   });
 
   for (const variant of ['unknown-index', 'second-choice']) {
