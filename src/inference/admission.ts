@@ -159,15 +159,29 @@ export function deadlineMessage(tier: Tier): string {
 }
 
 /**
+ * The most a saturated worker's `Retry-After` is passed on as: saturation is not a
+ * quota window, and a longer wait (or a value past any number, 1e+24 or Infinity
+ * once parsed) would make the header and `retry_after` no delay-seconds at all.
+ */
+export const MAX_WORKER_RETRY_AFTER_S = 3600;
+
+/**
  * A saturated worker's `Retry-After` (delay-seconds or an HTTP date) in seconds,
- * passed on to the client; 1 when it sent none or nothing readable.
+ * passed on to the client, at most `MAX_WORKER_RETRY_AFTER_S`; 1 when it sent none
+ * or nothing readable.
  */
 export function retryAfter(headers: IncomingHttpHeaders, now: number): number {
   const v = headers['retry-after']?.trim();
   if (!v) return 1;
-  if (/^\d+$/.test(v)) return Math.max(1, Number(v));
-  const at = Date.parse(v);
-  return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - now) / 1000));
+  let seconds: number;
+  if (/^\d+$/.test(v)) {
+    seconds = Number(v);
+  } else {
+    const at = Date.parse(v);
+    if (Number.isNaN(at)) return 1;
+    seconds = Math.ceil((at - now) / 1000);
+  }
+  return Math.min(MAX_WORKER_RETRY_AFTER_S, Math.max(1, seconds));
 }
 
 /**

@@ -127,6 +127,21 @@ describe('a worker answering 429', () => {
     busy.state.retryAfter = '7';
   });
 
+  it("a worker's Retry-After past an hour (or past any number) is passed on as an hour, an integer", async () => {
+    for (const value of ['999999999999999999999999', '9'.repeat(400), '86400']) {
+      busy.state.retryAfter = value;
+      for (const stream of [false, true]) {
+        const a = await chat(url, key, { max_tokens: 2, stream });
+        assert.equal(a.status, 429, a.text);
+        assertRetryFields(a, 3600);
+        assert.equal((a.error?.retry_strategy as Record<string, unknown>).max_delay_ms, 3_600_000);
+      }
+    }
+    busy.state.retryAfter = new Date(s.clock.now() + 10 * 86_400_000).toUTCString();
+    assertRetryFields(await chat(url, key, { max_tokens: 2 }), 3600);
+    busy.state.retryAfter = '7';
+  });
+
   it('another worker of the pool takes the request; the client never sees the 429', async () => {
     await s.admin('POST', '/workers', { model: 'sm', tier: 'gpu', url: good.url, id: 'good' });
     const before = busy.state.hits;
