@@ -446,7 +446,7 @@ export class ToolBridge {
     // A worker that closed without `[DONE]` once every choice had its finish_reason ended
     // the answer (chat.ts reads it so too).
     if (upstreamError === null && acc.finished) done = true;
-    if (upstreamError !== null || !done) {
+    if (upstreamError !== null || !done || !acc.choicesSeen) {
       this.addUnfinished(acc, false);
       throw new ServiceError(this.headersSent ? 'cancelled' : 'upstream_error', {
         message: upstreamError ?? 'The inference worker ended the stream early.',

@@ -725,7 +725,9 @@ export class ChatCompletions {
           }
           broken = err;
         }
-        if (!committed && upstreamError === null && (broken !== null || !done)) {
+        // A `[DONE]` without a single choice before it is no answer either.
+        const answered = done && acc.choicesSeen;
+        if (!committed && upstreamError === null && (broken !== null || !answered)) {
           // The worker died before the first token: nothing was sent, so fail over.
           if (this.failover(run)) {
             run.request.log.warn(
@@ -737,7 +739,7 @@ export class ChatCompletions {
             continue attempts;
           }
         }
-        if (!committed && (broken !== null || upstreamError !== null || !done)) {
+        if (!committed && (broken !== null || upstreamError !== null || !answered)) {
           // No worker left to fail over to, and nothing sent yet (headers wait for the
           // first token): an HTTP error the client can retry, not a 200 stream that
           // ends in an error event.
@@ -747,7 +749,10 @@ export class ChatCompletions {
           abort.abort();
           throw new ServiceError('upstream_error', {
             message:
-              upstreamError ?? 'The inference worker ended the stream before its first token.',
+              upstreamError ??
+              (done
+                ? 'The inference worker answered without a single choice.'
+                : 'The inference worker ended the stream before its first token.'),
           });
         }
         commit();

@@ -736,7 +736,7 @@ function completionChoice(raw: unknown, position: number, ctx: ReframeContext): 
  * A worker's non-streaming response as the spec's `chat.completion`. Usage comes
  * from the worker (see `normalizeUsage`); when it sent none, from
  * `ctx.promptTokensEstimate` and ~4 characters per generated token.
- * Throws `upstream_error` when the body is not a completion at all.
+ * Throws `upstream_error` when the body is not a completion at all, or has no choice.
  */
 export function normalizeCompletion(upstream: unknown, ctx: ReframeContext): ChatCompletion {
   const body = asObj(upstream);
@@ -746,6 +746,12 @@ export function normalizeCompletion(upstream: unknown, ctx: ReframeContext): Cha
     });
   }
   const raw = body.choices;
+  if (raw.length === 0) {
+    // No answer: clients read choices[0] (OpenAI's completions always have one).
+    throw new ServiceError('upstream_error', {
+      message: 'The inference worker answered without a single choice.',
+    });
+  }
   const choices: CompletionChoice[] = [];
   let chars = 0;
   for (let i = 0; i < raw.length; i++) {
@@ -921,6 +927,11 @@ export class StreamAccumulator {
   /** Whether a generated token (reasoning included) has been seen: time to first token is over. */
   get firstTokenSeen(): boolean {
     return this.firstTokenAt !== null;
+  }
+
+  /** Whether the worker streamed any choice (a `[DONE]` alone answered nothing). */
+  get choicesSeen(): boolean {
+    return this.finishReasons.length > 0;
   }
 
   /**

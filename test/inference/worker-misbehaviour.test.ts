@@ -12,6 +12,7 @@ import { once } from 'node:events';
 import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import OpenAI from 'openai';
+import { apiError } from '../support/inference.js';
 import { seedProject, startTestServer, type TestServer } from '../support/harness.js';
 import { validateChunk } from '../support/openai-schemas.js';
 import { listenWorker, onPost } from '../support/fake-worker.js';
@@ -39,6 +40,8 @@ const streams: Record<string, string[]> = {
   // Content after [DONE]; [DONE] twice; [DONE] with the connection kept open.
   'after-done': [first, usage, DONE, text(' ghost'), DONE],
   'open-after-done': [first, finish('stop'), usage, DONE],
+  // [DONE] without a single choice before it.
+  'no-choices-stream': [usage, DONE],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -51,12 +54,23 @@ const streams: Record<string, string[]> = {
   ],
 };
 
+/** Non-streaming bodies, answered as JSON. */
+const bodies: Record<string, Payload> = {
+  'no-choices': { choices: [], usage: { prompt_tokens: 3, completion_tokens: 0, total_tokens: 3 } },
+};
+
 /** Responses the worker keeps open after their last write (`open-after-done`). */
 const held: http.ServerResponse[] = [];
 
 async function misbehavingWorker() {
   const server = http.createServer(
     onPost((body, res) => {
+      const json = bodies[String(body.variant)];
+      if (json !== undefined) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(json));
+        return;
+      }
       const writes = streams[String(body.variant)];
       if (writes === undefined) {
         res.writeHead(400, { 'content-type': 'application/json' });
@@ -216,4 +230,20 @@ describe('a worker that breaks the stream rules', () => {
       );
     });
   }
+
+  const unary = (variant: string, extra: Payload = {}) =>
+    client.chat.completions.create({
+      ...params(variant, extra),
+      stream: false,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+
+  it('an answer without a single choice is 502 upstream_error, streamed or not, not a 200 without an answer', async () => {
+    const err = await apiError(unary('no-choices'));
+    assert.equal(err.status, 502);
+    assert.equal(err.code, 'upstream_error');
+    assert.match(err.headers?.get('x-request-id') ?? '', /^chatcmpl-/);
+    const streamed = await apiError(client.chat.completions.create(params('no-choices-stream')));
+    assert.equal(streamed.status, 502);
+    assert.equal(streamed.code, 'upstream_error');
+  });
 });
