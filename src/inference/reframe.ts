@@ -53,7 +53,8 @@ export interface ReframeContext {
   readonly logprobs?: boolean;
   /**
    * The request's `n`: a stream forwards choices 0 to n - 1 only (a worker's other
-   * indexes are choices nobody asked for). Unset: every index.
+   * indexes are choices nobody asked for), a completion keeps its first n choices.
+   * Unset: every choice.
    */
   readonly choices?: number;
   /** Whether the request carried `prediction`; prediction-token counts are null otherwise. */
@@ -697,9 +698,26 @@ function toolCallsOf(v: unknown, ctx: ReframeContext, choiceIndex: number): Tool
   return out;
 }
 
-function completionChoice(raw: unknown, position: number, ctx: ReframeContext): CompletionChoice {
+/**
+ * The index of each of the first `count` choices: the worker's own when they are
+ * distinct and below `count`, else their positions (clients key choices by index,
+ * and tool-call ids made up for a choice contain it).
+ */
+function choiceIndexes(raw: readonly unknown[], count: number): number[] {
+  const out: number[] = [];
+  let own = true;
+  for (let i = 0; i < count; i++) {
+    const c = asObj(raw[i]);
+    const index = c === undefined ? i : asIndex(c.index, i);
+    if (index >= count || out.includes(index)) own = false;
+    out.push(index);
+  }
+  if (!own) for (let i = 0; i < count; i++) out[i] = i;
+  return out;
+}
+
+function completionChoice(raw: unknown, index: number, ctx: ReframeContext): CompletionChoice {
   const c = asObj(raw) ?? {};
-  const index = asIndex(c.index, position);
   const m = asObj(c.message) ?? {};
   const toolCalls = toolCallsOf(m.tool_calls, ctx, index);
   const refusalText = asString(m.refusal);
@@ -752,10 +770,13 @@ export function normalizeCompletion(upstream: unknown, ctx: ReframeContext): Cha
       message: 'The inference worker answered without a single choice.',
     });
   }
+  // Choices beyond the request's `n` are none the client asked for (as in a stream).
+  const count = Math.min(raw.length, ctx.choices ?? raw.length);
+  const indexes = choiceIndexes(raw, count);
   const choices: CompletionChoice[] = [];
   let chars = 0;
-  for (let i = 0; i < raw.length; i++) {
-    const choice = completionChoice(raw[i], i, ctx);
+  for (let i = 0; i < count; i++) {
+    const choice = completionChoice(raw[i], indexes[i]!, ctx);
     choices.push(choice);
     const msg = choice.message;
     chars += (msg.content?.length ?? 0) + (msg.refusal?.length ?? 0);

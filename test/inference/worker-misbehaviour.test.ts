@@ -55,7 +55,25 @@ const streams: Record<string, string[]> = {
 };
 
 /** Non-streaming bodies, answered as JSON. */
+const message = (content: string) => ({ role: 'assistant', content });
 const bodies: Record<string, Payload> = {
+  // Two choices both at index 0; one choice at index 7 of an n=1 request; three
+  // choices for n=2.
+  'same-index': {
+    choices: [0, 0].map((index, i) => ({
+      index,
+      message: message(i === 0 ? 'A' : 'B'),
+      finish_reason: 'stop',
+    })),
+  },
+  'stray-index': { choices: [{ index: 7, message: message('A'), finish_reason: 'stop' }] },
+  'extra-choices': {
+    choices: ['A', 'B', 'C'].map((t, index) => ({
+      index,
+      message: message(t),
+      finish_reason: 'stop',
+    })),
+  },
   'no-choices': { choices: [], usage: { prompt_tokens: 3, completion_tokens: 0, total_tokens: 3 } },
 };
 
@@ -245,5 +263,20 @@ describe('a worker that breaks the stream rules', () => {
     const streamed = await apiError(client.chat.completions.create(params('no-choices-stream')));
     assert.equal(streamed.status, 502);
     assert.equal(streamed.code, 'upstream_error');
+  });
+
+  it('choice indexes are 0 to n - 1, one per choice, whatever indexes the worker sent', async () => {
+    const indexes = (c: OpenAI.Chat.ChatCompletion) =>
+      c.choices.map((x) => [x.index, x.message.content]);
+    assert.deepEqual(indexes(await unary('same-index', { n: 2 })), [
+      [0, 'A'],
+      [1, 'B'],
+    ]);
+    assert.deepEqual(indexes(await unary('stray-index')), [[0, 'A']]);
+    // Choices beyond the request's n are not the client's, as in a stream.
+    assert.deepEqual(indexes(await unary('extra-choices', { n: 2 })), [
+      [0, 'A'],
+      [1, 'B'],
+    ]);
   });
 });
