@@ -13,6 +13,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { Dispatcher, Pool as UndiciPool } from 'undici';
 import { Pool } from '../runtime/http-client.js';
+import { ServiceError } from '../errors/index.js';
 import type { AbortLike } from '../runtime/cancel.js';
 import type { Clock, Timer } from '../runtime/clock.js';
 
@@ -46,6 +47,13 @@ const REQUEST_HEADERS = {
  * has its answer by then) before its connection is closed (`UpstreamBody.discard`).
  */
 export const AFTER_DONE_MS = 1000;
+
+/**
+ * The largest body `text()` reads (a non-streamed completion, a worker's error):
+ * 64 MiB is far above any completion (a million-token context is a few MiB of text
+ * per choice), and an endless or absurd body must not take the router's memory.
+ */
+export const MAX_TEXT_BYTES = 64 * 1024 * 1024;
 
 /** Buffered body bytes above which a chunk-by-chunk reader pauses the socket. */
 const HIGH_WATER = 64 * 1024;
@@ -132,6 +140,24 @@ class Exchange implements Dispatcher.DispatchHandler, UpstreamBody {
     this.chunks.push(chunk);
     this.buffered += chunk.length;
     if (this.whole === null && this.buffered > HIGH_WATER) controller.pause();
+    else if (this.whole !== null && this.buffered > MAX_TEXT_BYTES) this.tooLarge(controller);
+  }
+
+  /** A body read whole passed `MAX_TEXT_BYTES`: 502 for the reader, the request aborted. */
+  private tooLarge(controller: Dispatcher.DispatchController): void {
+    const whole = this.whole!;
+    this.whole = null;
+    this.closed = true;
+    this.chunks.length = 0;
+    this.head = 0;
+    this.buffered = 0;
+    this.done();
+    whole.reject(
+      new ServiceError('upstream_error', {
+        message: `The inference worker's answer is larger than ${MAX_TEXT_BYTES / 1024 / 1024} MiB.`,
+      }),
+    );
+    controller.abort(new DOMException('The response body is too large', 'AbortError'));
   }
 
   onResponseEnd(): void {

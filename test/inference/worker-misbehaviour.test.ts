@@ -83,6 +83,24 @@ const held: http.ServerResponse[] = [];
 async function misbehavingWorker() {
   const server = http.createServer(
     onPost((body, res) => {
+      if (body.variant === 'huge') {
+        // A completion of `size` bytes, written 1 MiB at a time.
+        res.writeHead(200, { 'content-type': 'application/json' });
+        const open =
+          '{"choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"';
+        const mib = 'x'.repeat(1 << 20);
+        let left = Number(body.size);
+        const more = () => {
+          while (left > 0) {
+            left -= mib.length;
+            if (!res.write(mib)) return void res.once('drain', more);
+          }
+          res.end('"}}]}');
+        };
+        res.write(open);
+        more();
+        return;
+      }
       const json = bodies[String(body.variant)];
       if (json !== undefined) {
         res.writeHead(200, { 'content-type': 'application/json' });
@@ -278,5 +296,14 @@ describe('a worker that breaks the stream rules', () => {
       [0, 'A'],
       [1, 'B'],
     ]);
+  });
+
+  // Last: the 8 MiB answer spends the endpoint's tokens per minute.
+  it('a non-streamed answer past 64 MiB is 502 upstream_error; one below it is served', async () => {
+    const err = await apiError(unary('huge', { size: 80 << 20 }));
+    assert.equal(err.status, 502);
+    assert.equal(err.code, 'upstream_error');
+    const ok = await unary('huge', { size: 8 << 20 });
+    assert.equal(ok.choices[0]!.message.content!.length, 8 << 20);
   });
 });
