@@ -906,6 +906,11 @@ export class StreamAccumulator {
       if (i < MAX_TRACKED_CHOICES) {
         if (this.finishReasons[i] != null) continue;
         while (this.finishReasons.length <= i) this.finishReasons.push(null);
+        // Spec: tool_calls are present when finish_reason is tool_calls; with none
+        // streamed it reads stop, as a non-streamed answer's does.
+        if (choice.finish_reason === 'tool_calls' && !this.toolCalls.has(i)) {
+          choice.finish_reason = 'stop';
+        }
         if (choice.finish_reason !== null) this.finishReasons[i] = choice.finish_reason;
       }
       choices[kept++] = choice;

@@ -42,6 +42,8 @@ const streams: Record<string, string[]> = {
   'open-after-done': [first, finish('stop'), usage, DONE],
   // [DONE] without a single choice before it.
   'no-choices-stream': [usage, DONE],
+  // finish_reason tool_calls without a single tool call streamed.
+  'tool-finish-no-calls': [first, finish('tool_calls'), usage, DONE],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -252,6 +254,14 @@ describe('a worker that breaks the stream rules', () => {
     const closed = once(res, 'close');
     s.clock.advance(1000);
     await closed;
+  });
+
+  it('finish_reason tool_calls without a tool call streamed reads stop, as it does non-streamed', async () => {
+    const got = await wire('tool-finish-no-calls');
+    assert.deepEqual(got.finishes, { 0: ['stop'] });
+    const done = await assembled('tool-finish-no-calls');
+    assert.equal(done.choices[0]!.finish_reason, 'stop');
+    assert.equal(done.choices[0]!.message.tool_calls, undefined);
   });
 
   for (const variant of ['unknown-index', 'second-choice']) {
