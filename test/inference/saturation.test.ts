@@ -113,6 +113,9 @@ describe('a worker answering 429', () => {
       assert.equal(a.error?.code, 'capacity_exceeded');
       assert.equal(a.error?.type, 'rate_limit_error');
       assertRetryFields(a, 7);
+      // The limits admitted and counted it: their headers are an admission's.
+      assert.ok(Number(a.headers.get('ratelimit-remaining')) > 0);
+      assert.equal(a.headers.get('x-ratelimit-limit'), a.headers.get('ratelimit-limit'));
     }
     assert.equal(busy.state.hits, 4);
     // Saturated is not broken: four 429s in a row leave the worker's breaker closed.
