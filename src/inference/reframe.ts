@@ -444,7 +444,7 @@ export function extractUsage(
 ): Usage | null {
   const body = asObj(upstream);
   if (body === undefined) return null;
-  const usage = asObj(body.usage);
+  let usage = asObj(body.usage);
   const timings = asObj(body.timings);
   // A worker that counts 1e20 tokens counted nothing: the router's estimate instead
   // (billed and limited as such, where the impossible count would lose the record).
@@ -453,6 +453,15 @@ export function extractUsage(
     (impossibleCount(usage.prompt_tokens) || impossibleCount(usage.completion_tokens))
   ) {
     return null;
+  }
+  if (
+    usage !== undefined &&
+    asCount(usage.prompt_tokens) === undefined &&
+    asCount(usage.completion_tokens) === undefined
+  ) {
+    // `usage: {}`, or counts that are no numbers: nothing was counted, so the router's
+    // estimate stands in (billed and shown), as when usage is absent, not zero tokens.
+    usage = undefined;
   }
   if (usage === undefined) {
     // llama.cpp attaches timings to the last chunk even without include_usage;

@@ -44,6 +44,8 @@ const streams: Record<string, string[]> = {
   'no-choices-stream': [usage, DONE],
   // finish_reason tool_calls without a single tool call streamed.
   'tool-finish-no-calls': [first, finish('tool_calls'), usage, DONE],
+  // The usage chunk is an empty object.
+  'empty-usage-stream': [first, finish('stop'), chunk([], { usage: {} }), DONE],
   // Choices the request did not ask for (n is 1): a stray index, a second choice.
   'unknown-index': [first, text('X', 3), finish('stop'), usage, DONE],
   'second-choice': [
@@ -67,6 +69,15 @@ const bodies: Record<string, Payload> = {
       message: message(i === 0 ? 'A' : 'B'),
       finish_reason: 'stop',
     })),
+  },
+  // A usage object without a single count (and one with counts as strings).
+  'empty-usage': {
+    choices: [{ index: 0, message: message('Hello there, world'), finish_reason: 'stop' }],
+    usage: {},
+  },
+  'string-usage': {
+    choices: [{ index: 0, message: message('Hello there, world'), finish_reason: 'stop' }],
+    usage: { prompt_tokens: '9', completion_tokens: '4', total_tokens: '13' },
   },
   'stray-index': { choices: [{ index: 7, message: message('A'), finish_reason: 'stop' }] },
   'extra-choices': {
@@ -306,6 +317,20 @@ describe('a worker that breaks the stream rules', () => {
       [0, 'A'],
       [1, 'B'],
     ]);
+  });
+
+  it('a usage object without a count is no usage: the router estimates it, as for none', async () => {
+    for (const variant of ['empty-usage', 'string-usage']) {
+      const u = (await unary(variant)).usage!;
+      assert.ok(u.prompt_tokens > 0, `${variant}: ${JSON.stringify(u)}`);
+      assert.ok(u.completion_tokens > 0, `${variant}: ${JSON.stringify(u)}`);
+      assert.equal(u.total_tokens, u.prompt_tokens + u.completion_tokens);
+    }
+    const stream = client.chat.completions.stream(
+      params('empty-usage-stream', { stream_options: { include_usage: true } }),
+    );
+    const u = (await stream.finalChatCompletion()).usage!;
+    assert.ok(u.prompt_tokens > 0 && u.completion_tokens > 0, JSON.stringify(u));
   });
 
   // Last: the 8 MiB answer spends the endpoint's tokens per minute.
