@@ -1569,6 +1569,42 @@ describe('reframe properties', () => {
     );
   });
 
+  it('a stream of n choices ends with one finish_reason for each of them, nothing after it, no other index', () => {
+    // The worker's chunks at random indexes 0 to 2, with duplicate finish reasons and
+    // text after them; the request asked for `n` choices.
+    const stray = fc
+      .tuple(upstreamChunk, fc.nat(2))
+      .map(([c, index]) => ({ ...c, choices: [{ ...c.choices[0]!, index }] }));
+    fc.assert(
+      fc.property(fc.array(stray, { maxLength: 12 }), fc.integer({ min: 1, max: 2 }), (ps, n) => {
+        const acc = new StreamAccumulator({ ...ctx, choices: n }, 0);
+        const out = ps.map((p) => acc.accept(p, 0));
+        out.push(acc.closingChunk());
+        const finishes = new Map<number, number>();
+        const tools = new Set<number>();
+        for (const c of out) {
+          if (c === null) continue;
+          assert.deepEqual(validateChunk(c), [], JSON.stringify(c));
+          for (const choice of c.choices) {
+            assert.ok(choice.index < n, `index ${choice.index} with n = ${n}`);
+            assert.equal(finishes.get(choice.index) ?? 0, 0, 'a delta after the finish_reason');
+            if (choice.delta.tool_calls) tools.add(choice.index);
+            if (choice.finish_reason !== null) finishes.set(choice.index, 1);
+            if (choice.finish_reason === 'tool_calls') {
+              assert.ok(tools.has(choice.index), 'tool_calls without a tool call streamed');
+            }
+          }
+        }
+        assert.deepEqual(
+          [...finishes.keys()].sort(),
+          Array.from({ length: n }, (_, i) => i),
+        );
+        assert.equal(acc.finished, true);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
   it('usage always has the full shape and a consistent total, whatever the worker sent', () => {
     const anyValue = fc.oneof(
       fc.integer({ min: -10, max: 10_000 }),
