@@ -77,6 +77,17 @@ export function newWorkerId(): string {
 /** The unique index on a static or registered worker's (source, model, tier, URL). */
 export const WORKER_URL_KEY = 'workers_source_model_tier_url_key';
 
+/** What registering a worker writes (`WorkerRegistry.upsert`, `create`). */
+export interface WorkerInput {
+  id: string;
+  modelId: string;
+  tierId: string;
+  url: string;
+  source: WorkerSource;
+  capacity?: number | null;
+  schedulingPolicy?: SchedulingPolicy;
+}
+
 export class WorkerRegistry {
   /** Every worker, built once: the worker monitor lists them every second (monitor.ts). */
   private readonly all;
@@ -97,18 +108,7 @@ export class WorkerRegistry {
    * static and a self-registration of one id at once the first row written stays,
    * whole, and the other gets null (no row taken over; routes answer 409).
    */
-  async upsert(
-    input: {
-      id: string;
-      modelId: string;
-      tierId: string;
-      url: string;
-      source: WorkerSource;
-      capacity?: number | null;
-      schedulingPolicy?: SchedulingPolicy;
-    },
-    now: Date,
-  ): Promise<WorkerRecord | null> {
+  async upsert(input: WorkerInput, now: Date): Promise<WorkerRecord | null> {
     const heartbeat = input.source === 'registered' ? now : null;
     const capacity = input.capacity ?? null;
     const schedulingPolicy = input.schedulingPolicy ?? 'fcfs';
@@ -146,17 +146,7 @@ export class WorkerRegistry {
    * Inserts a new worker; null when its id is taken (by any source), in the same
    * statement, so a concurrent registration of the id cannot be overwritten.
    */
-  async create(
-    input: {
-      id: string;
-      modelId: string;
-      tierId: string;
-      url: string;
-      source: WorkerSource;
-      schedulingPolicy?: SchedulingPolicy;
-    },
-    now: Date,
-  ): Promise<WorkerRecord | null> {
+  async create(input: Omit<WorkerInput, 'capacity'>, now: Date): Promise<WorkerRecord | null> {
     const written = await this.db
       .insert(workers)
       .values({
