@@ -40,6 +40,12 @@ function spawnWorker(routerPort: number): Spawned {
 }
 
 /** SIGTERM; the exit code and how long the exit took (ms). */
+/** Exit code 0 within a second of the SIGTERM. */
+function exitedPromptly(w: Spawned, { code, ms }: { code: number | null; ms: number }): void {
+  assert.equal(code, 0, w.stderr());
+  assert.ok(ms < 1000, `exit took ${Math.round(ms)} ms\n${w.stdout()}`);
+}
+
 async function sigterm(w: Spawned): Promise<{ code: number | null; ms: number }> {
   const t0 = performance.now();
   const code = await w.stop('SIGTERM');
@@ -112,9 +118,7 @@ describe('switchyard worker --register: SIGTERM before the first registration', 
     const w = spawnWorker(await freePort());
     try {
       await w.waitFor(/registration with \S+ failed .*retrying/);
-      const { code, ms } = await sigterm(w);
-      assert.equal(code, 0, w.stderr());
-      assert.ok(ms < 1000, `exit took ${Math.round(ms)} ms\n${w.stdout()}`);
+      exitedPromptly(w, await sigterm(w));
     } finally {
       await w.stop('SIGKILL');
     }
@@ -135,9 +139,7 @@ describe('switchyard worker --register: SIGTERM before the first registration', 
       const exit = sigterm(w);
       await w.waitFor(/"msg":"draining: /, 5000);
       door.release();
-      const { code, ms } = await exit;
-      assert.equal(code, 0, w.stderr());
-      assert.ok(ms < 1000, `exit took ${Math.round(ms)} ms\n${w.stdout()}`);
+      exitedPromptly(w, await exit);
       // The registration the router recorded was taken back, and nothing came after it.
       assert.deepEqual(await workers(), []);
       assert.equal(door.seen.filter((x) => x.endsWith('/register')).length, 1, String(door.seen));
@@ -155,9 +157,7 @@ describe('switchyard worker --register: SIGTERM before the first registration', 
       await w.waitFor(/registration with \S+ failed .*retrying/);
       door = await openDoor(port, s.url);
       await door.arrived;
-      const { code, ms } = await sigterm(w);
-      assert.equal(code, 0, w.stderr());
-      assert.ok(ms < 1000, `exit took ${Math.round(ms)} ms\n${w.stdout()}`);
+      exitedPromptly(w, await sigterm(w));
       assert.equal(door.seen.length, 1, String(door.seen));
     } finally {
       await w.stop('SIGKILL');
